@@ -1,0 +1,37 @@
+# Two commands do all the set-up on a fresh machine:
+#   make run   — install into .venv and serve the embedded default model
+#   make test  — install into .venv and run the tests
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run test lint install clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+# Reinstall only when the project's metadata changes. llama-cpp-python builds from source
+# (about 8 minutes on 2 cores); pip caches the wheel afterwards.
+$(STAMP): pyproject.toml | $(BIN)/python
+	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/quanta run
+
+test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+	$(BIN)/pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+clean:
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

