@@ -79,16 +79,16 @@ class KvMirror:
             seen.add(s.seq)
             if not s.tokens:
                 raise EngineInputError(f"empty slice for sequence {s.seq}")
+            end = s.start_pos + len(s.tokens)
+            if end > self.n_ctx:
+                raise EngineInputError(
+                    f"sequence {s.seq}: position {end - 1} overflows the context of {self.n_ctx}"
+                )
             expected = self.n_tokens(s.seq)
             if s.start_pos != expected:
                 raise EngineInputError(
                     f"sequence {s.seq}: slice starts at position {s.start_pos}, "
                     f"but the sequence holds {expected} tokens"
-                )
-            end = s.start_pos + len(s.tokens)
-            if end > self.n_ctx:
-                raise EngineInputError(
-                    f"sequence {s.seq}: position {end - 1} overflows the context of {self.n_ctx}"
                 )
             bad = [t for t in s.tokens if not 0 <= t < self.n_vocab]
             if bad:
@@ -104,8 +104,7 @@ class KvMirror:
                     raise EngineInputError(f"copy of sequence {src} onto itself")
                 if not 0 < n <= self.n_tokens(src):
                     raise EngineInputError(
-                        f"copy of {n} tokens from sequence {src}, which holds "
-                        f"{self.n_tokens(src)}"
+                        f"copy of {n} tokens from sequence {src}, which holds {self.n_tokens(src)}"
                     )
                 if self.n_tokens(dst):
                     raise EngineInputError(f"copy into sequence {dst}, which is not empty")

@@ -1,0 +1,238 @@
+"""``LlamaCppExecutor``: the caller's side of the engine worker.
+
+    server process                              worker process
+    ──────────────                              ──────────────
+    LlamaCppExecutor.step(plan)
+      KvMirror.check(plan)   (bad plan: refused here, nothing sent)
+      attach stashed bytes for Restore ops
+      send StepCall  ───── Unix socket ───────▶  kv ops, llama_decode, sample
+      recv StepReply ◀─────────────────────────  tokens, timings, stashed bytes
+      keep stashed bytes (they outlive the worker), advance the mirror
+
+A worker that exits or stops answering within ``step_timeout_s`` becomes ``EngineDied`` (or
+``EngineHung``) carrying the sequences it held; ``restart()`` starts a fresh one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from quanta_core.engine.config import EngineConfig
+from quanta_core.engine.errors import (
+    EngineDied,
+    EngineHung,
+    EngineInputError,
+    EngineStartError,
+)
+from quanta_core.engine.kv_mirror import KvMirror
+from quanta_core.engine.llama_cpp.wire import (
+    Channel,
+    ErrorReply,
+    MemoryCall,
+    MemoryReply,
+    Reply,
+    ShutdownCall,
+    StartCall,
+    StartReply,
+    StepCall,
+    StepReply,
+)
+from quanta_core.engine.types import (
+    DropStash,
+    EngineInfo,
+    MemoryStats,
+    Restore,
+    StashInfo,
+    StepPlan,
+    StepResult,
+    StepTimings,
+)
+
+WORKER_MODULE = "quanta_core.engine.llama_cpp.worker"
+
+
+class _Worker:
+    """One worker process and its connected socket."""
+
+    def __init__(self, process: subprocess.Popen[bytes], channel: Channel, tmpdir: Path) -> None:
+        self.process = process
+        self.channel = channel
+        self.tmpdir = tmpdir
+
+    @classmethod
+    def spawn(cls, config: EngineConfig) -> tuple[_Worker, EngineInfo]:
+        tmpdir = Path(tempfile.mkdtemp(prefix="quanta-engine-"))
+        path = tmpdir / "engine.sock"
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(str(path))
+        listener.listen(1)
+        listener.settimeout(config.start_timeout_s)
+        process = subprocess.Popen([sys.executable, "-m", WORKER_MODULE, str(path)])
+        try:
+            sock, _ = listener.accept()
+        except TimeoutError as exc:
+            process.kill()
+            raise EngineStartError("the engine worker did not connect in time") from exc
+        finally:
+            listener.close()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
+        worker = cls(process, Channel(sock, Reply), tmpdir)  # type: ignore[arg-type]
+        sock.settimeout(config.start_timeout_s)
+        try:
+            worker.channel.send(StartCall(config))
+            reply = worker.channel.recv()
+        except (OSError, EOFError) as exc:
+            worker.kill()
+            raise EngineStartError(f"the engine worker died while starting: {exc}") from exc
+        if isinstance(reply, ErrorReply):
+            worker.kill()
+            raise EngineStartError(reply.message)
+        assert isinstance(reply, StartReply)
+        sock.settimeout(config.step_timeout_s)
+        return worker, reply.info
+
+    def kill(self) -> int | None:
+        with contextlib.suppress(ProcessLookupError):
+            self.process.kill()
+        code = self.process.wait()
+        self.channel.sock.close()
+        for p in self.tmpdir.iterdir():
+            p.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            self.tmpdir.rmdir()
+        return code
+
+    def shutdown(self, timeout_s: float = 5.0) -> None:
+        with contextlib.suppress(OSError):
+            self.channel.send(ShutdownCall())
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=timeout_s)
+        self.kill()
+
+
+class LlamaCppExecutor:
+    """Implements ``Executor`` over a llama.cpp worker process."""
+
+    def __init__(self, config: EngineConfig, worker: _Worker, info: EngineInfo) -> None:
+        self.config = config
+        self._worker: _Worker | None = worker
+        self._info = info
+        self._mirror = KvMirror.for_engine(info)
+        self._stashes: dict[str, bytes] = {}
+        self._lost_seqs: frozenset[int] = frozenset()
+        self.restarts = 0
+
+    @classmethod
+    def start(cls, config: EngineConfig) -> LlamaCppExecutor:
+        """Spawn a worker and wait until its model is loaded."""
+        if not Path(config.model_path).is_file():
+            raise EngineStartError(f"model file not found: {config.model_path}")
+        worker, info = _Worker.spawn(config)
+        return cls(config, worker, info)
+
+    @property
+    def info(self) -> EngineInfo:
+        return self._info
+
+    @property
+    def pid(self) -> int | None:
+        return self._worker.process.pid if self._worker else None
+
+    def step(self, plan: StepPlan) -> StepResult:
+        t0 = time.perf_counter()
+        self._mirror.check(plan)
+        blobs = {op.key: self._stashes[op.key] for op in plan.kv_ops if isinstance(op, Restore)}
+        reply = self._call(StepCall(plan, blobs))
+        if isinstance(reply, ErrorReply):
+            raise EngineInputError(reply.message)
+        assert isinstance(reply, StepReply)
+        stashed = self._keep_stashes(plan, reply.blobs)
+        if reply.decode_error is not None:
+            self._mirror.apply(StepPlan(kv_ops=plan.kv_ops))
+            raise EngineInputError(reply.decode_error)
+        self._mirror.apply(plan)
+        result = reply.result
+        timings = result.timings
+        return StepResult(
+            outputs=result.outputs,
+            stashed=stashed,
+            timings=StepTimings(
+                kv_ops_s=timings.kv_ops_s,
+                decode_s=timings.decode_s,
+                sample_s=timings.sample_s,
+                engine_s=timings.engine_s,
+                total_s=time.perf_counter() - t0,
+            ),
+        )
+
+    def _keep_stashes(self, plan: StepPlan, blobs: dict[str, bytes]) -> tuple[StashInfo, ...]:
+        for op in plan.kv_ops:
+            if isinstance(op, Restore | DropStash):
+                self._stashes.pop(op.key, None)
+        self._stashes.update(blobs)
+        return tuple(StashInfo(key, len(data)) for key, data in blobs.items())
+
+    def memory_stats(self) -> MemoryStats:
+        reply = self._call(MemoryCall())
+        assert isinstance(reply, MemoryReply)
+        return MemoryStats(
+            sequences=reply.sequences,
+            stash_bytes=sum(len(b) for b in self._stashes.values()),
+            n_stashes=len(self._stashes),
+        )
+
+    def _call(self, call: object) -> object:
+        worker = self._worker
+        if worker is None:
+            raise EngineDied("the engine worker is not running", self._mirror.held_seqs(), None)
+        try:
+            worker.channel.send(call)
+            return worker.channel.recv()
+        except TimeoutError:
+            self._lose_worker()
+            raise EngineHung(
+                f"the engine worker did not answer within {self.config.step_timeout_s} s "
+                "and was killed",
+                self._lost_seqs,
+                worker.process.returncode,
+            ) from None
+        except (OSError, EOFError):
+            code = self._lose_worker()
+            raise EngineDied(
+                f"the engine worker died (exit code {code})", self._lost_seqs, code
+            ) from None
+
+    def _lose_worker(self) -> int | None:
+        assert self._worker is not None
+        self._lost_seqs = self._mirror.held_seqs()
+        code = self._worker.kill()
+        self._worker = None
+        self._mirror.forget_engine()
+        return code
+
+    def restart(self) -> None:
+        """A fresh, empty worker (the old one is killed if still there). Stashes are kept."""
+        if self._worker is not None:
+            self._worker.kill()
+            self._worker = None
+        self._mirror.forget_engine()
+        self._worker, self._info = _Worker.spawn(self.config)
+        self.restarts += 1
+
+    def close(self) -> None:
+        if self._worker is not None:
+            self._worker.shutdown()
+            self._worker = None
+        self._mirror.forget_engine()
+
+    def __enter__(self) -> LlamaCppExecutor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

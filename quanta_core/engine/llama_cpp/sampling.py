@@ -1,0 +1,161 @@
+"""Per-request samplers, built from ``SamplingParams`` (runs in the worker).
+
+A grammar over a 49k-token vocabulary is slow to apply to every candidate (most of a second
+per token for JSON here), so — as llama.cpp's own common sampler does — the chain samples
+without it first and the grammar checks only the chosen token; only when it refuses is the
+grammar applied to the whole vocabulary and the token drawn again.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import random
+from collections.abc import Iterable
+from typing import Any
+
+import llama_cpp
+import numpy as np
+
+from quanta_core.engine.types import SamplingParams
+
+NEG_INF = float("-inf")
+TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
+assert TOKEN_DATA.itemsize == ctypes.sizeof(llama_cpp.llama_token_data)
+
+
+class SamplingError(ValueError):
+    """The parameters cannot make a sampler (e.g. a grammar that does not parse)."""
+
+
+def build_chain(n_vocab: int, eog: Iterable[int], params: SamplingParams) -> Any:
+    """A llama.cpp sampler chain, in llama.cpp's own order: logit bias, penalties, the
+    truncations (top-k, top-p, min-p), temperature, then the draw (or greedy)."""
+    chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+    add = llama_cpp.llama_sampler_chain_add
+    biases = list(params.logit_bias)
+    if params.ignore_eos:
+        biases += [(t, NEG_INF) for t in eog]
+    if biases:
+        array = (llama_cpp.llama_logit_bias * len(biases))(
+            *(llama_cpp.llama_logit_bias(token, bias) for token, bias in biases)
+        )
+        add(chain, llama_cpp.llama_sampler_init_logit_bias(n_vocab, len(biases), array))
+    if params.presence_penalty or params.frequency_penalty:
+        add(
+            chain,
+            llama_cpp.llama_sampler_init_penalties(
+                params.penalty_last_n, 1.0, params.frequency_penalty, params.presence_penalty
+            ),
+        )
+    if params.greedy:
+        add(chain, llama_cpp.llama_sampler_init_greedy())
+        return chain
+    if params.top_k > 0:
+        add(chain, llama_cpp.llama_sampler_init_top_k(params.top_k))
+    if params.top_p < 1.0:
+        add(chain, llama_cpp.llama_sampler_init_top_p(params.top_p, 1))
+    if params.min_p > 0.0:
+        add(chain, llama_cpp.llama_sampler_init_min_p(params.min_p, 1))
+    add(chain, llama_cpp.llama_sampler_init_temp(params.temperature))
+    seed = params.seed if params.seed is not None else random.getrandbits(32)
+    add(chain, llama_cpp.llama_sampler_init_dist(seed & 0xFFFFFFFF))
+    return chain
+
+
+class Sampler:
+    """One request's sampler: a chain, and a grammar checked lazily when there is one."""
+
+    def __init__(self, vocab: Any, n_vocab: int, eog: Iterable[int], params: SamplingParams):
+        self._grammar = None
+        if params.grammar is not None:
+            self._grammar = llama_cpp.llama_sampler_init_grammar(
+                vocab, params.grammar.encode(), b"root"
+            )
+            if not self._grammar:
+                raise SamplingError("the grammar does not parse")
+        self._chain = build_chain(n_vocab, eog, params)
+        self._n_vocab = n_vocab
+        self._candidates = np.empty(n_vocab, dtype=TOKEN_DATA) if self._grammar else None
+        self._one = np.empty(1, dtype=TOKEN_DATA) if self._grammar else None
+
+    def sample(self, ctx: Any, idx: int) -> int:
+        """Draw a token from the logits of batch row ``idx`` and accept it."""
+        if self._grammar is None:
+            return int(llama_cpp.llama_sampler_sample(self._chain, ctx, idx))
+        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, idx), (self._n_vocab,))
+        token = self._draw(logits, with_grammar=False)
+        if not self._grammar_allows(token):
+            token = self._draw(logits, with_grammar=True)
+        self.accept(token)
+        return token
+
+    def accept(self, token: int) -> None:
+        if self._grammar is not None:
+            llama_cpp.llama_sampler_accept(self._grammar, token)
+        llama_cpp.llama_sampler_accept(self._chain, token)
+
+    def free(self) -> None:
+        llama_cpp.llama_sampler_free(self._chain)
+        if self._grammar is not None:
+            llama_cpp.llama_sampler_free(self._grammar)
+
+    def _draw(self, logits: np.ndarray, *, with_grammar: bool) -> int:
+        cand = self._candidates
+        assert cand is not None
+        cand["id"] = np.arange(self._n_vocab, dtype=np.int32)
+        cand["logit"] = logits
+        cand["p"] = 0.0
+        array = _token_array(cand)
+        if with_grammar:
+            llama_cpp.llama_sampler_apply(self._grammar, ctypes.byref(array))
+        llama_cpp.llama_sampler_apply(self._chain, ctypes.byref(array))
+        chosen = _as_records(array)[array.selected]
+        return int(chosen["id"])
+
+    def _grammar_allows(self, token: int) -> bool:
+        one = self._one
+        assert one is not None
+        one[0] = (token, 1.0, 0.0)
+        array = _token_array(one)
+        llama_cpp.llama_sampler_apply(self._grammar, ctypes.byref(array))
+        return bool(np.isfinite(one[0]["logit"]))
+
+
+def _token_array(records: np.ndarray) -> Any:
+    pointer = records.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token_data))
+    return llama_cpp.llama_token_data_array(pointer, len(records), -1, False)
+
+
+def _as_records(array: Any) -> np.ndarray:
+    """The array's current contents (samplers may shrink it and move its data pointer)."""
+    raw = ctypes.cast(
+        array.data, ctypes.POINTER(ctypes.c_uint8 * (array.size * TOKEN_DATA.itemsize))
+    )
+    return np.frombuffer(raw.contents, dtype=TOKEN_DATA)
+
+
+class SamplerSet:
+    """The live samplers, one per owner (request choice). They outlive stash/restore."""
+
+    def __init__(self, vocab: Any, n_vocab: int, eog: tuple[int, ...]) -> None:
+        self._vocab = vocab
+        self._n_vocab = n_vocab
+        self._eog = eog
+        self._samplers: dict[str, Sampler] = {}
+
+    def get(self, owner: str, params: SamplingParams, replay: Iterable[int]) -> Sampler:
+        sampler = self._samplers.get(owner)
+        if sampler is None:
+            sampler = Sampler(self._vocab, self._n_vocab, self._eog, params)
+            for token in replay:  # resume grammar and penalty state after a recompute
+                sampler.accept(token)
+            self._samplers[owner] = sampler
+        return sampler
+
+    def release(self, owner: str) -> None:
+        sampler = self._samplers.pop(owner, None)
+        if sampler is not None:
+            sampler.free()
+
+    def __len__(self) -> int:
+        return len(self._samplers)

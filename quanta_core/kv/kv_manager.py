@@ -1,0 +1,409 @@
+"""Block tables over the engine's one KV buffer, the prefix cache, and the KV ops they imply.
+
+The engine is llama.cpp with one unified buffer of ``n_ctx`` cells shared by ``n_seq_max``
+sequence ids; a sequence id holds the contiguous positions ``[0, n)``. This manager counts
+those cells in blocks and decides which sequence id holds what. Each decision that changes
+the engine appends a ``KvOp`` to ``pending ops``; the scheduler puts them, in order, at the
+head of the next plan, so the engine sees exactly the transitions made here.
+
+A sequence id is free, ACTIVE (a running choice) or a cache HOLDER: a finished (or
+recompute-preempted) sequence keeps its full, hashed blocks so that their cells survive for
+later prefix hits. Evicting the least recently used cached block truncates every holder at
+that block's position, which drops its deeper blocks too (no running sequence holds them:
+one that held a child block would hold its parents, so the block would not be cached):
+
+    holder 5:  [b0 b1 b2 b3]      evict b2 (LRU)  ->  Truncate(5, 2*bs)  ->  [b0 b1]
+    holder 7:  [b0 b1 b2]                          ->  Truncate(7, 2*bs)  ->  [b0 b1]
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+
+from quanta_core.engine.types import CopyPrefix, DropStash, KvOp, Restore, Stash, Truncate
+from quanta_core.kv.block_pool import Block, BlockPool, BlockState, KvIntegrityError
+from quanta_core.kv.prefix_cache import ROOT_HASH, PrefixCache, block_key
+
+
+class SeqRole(Enum):
+    ACTIVE = "active"
+    HOLDER = "holder"
+
+
+@dataclass(slots=True, eq=False)
+class SeqTable:
+    seq: int
+    role: SeqRole
+    table: list[Block] = field(default_factory=list)
+    hashes: list[int] = field(default_factory=list)  # chained hashes of its computed full blocks
+    num_tokens: int = 0  # tokens the table has room reserved for
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """A sequence id was taken and blocks reserved for its first ``num_new`` tokens."""
+
+    seq: int
+    num_computed: int  # tokens the sequence holds once the plan's ops ran (copied or restored)
+    num_new: int  # tokens to compute in this step, from position ``num_computed``
+    cached_tokens: int  # of ``num_computed``, tokens that came from the prefix cache
+
+
+@dataclass(frozen=True, slots=True)
+class KvStats:
+    num_blocks: int
+    active_blocks: int
+    cached_blocks: int
+    free_blocks: int
+    waste_tokens: int  # reserved in active blocks but not (yet) holding a token
+    prefix_queries: int  # tokens looked up in the prefix cache
+    prefix_hits: int  # of those, tokens found
+
+    @property
+    def usage(self) -> float:
+        return self.active_blocks / self.num_blocks
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class KvManager:
+    def __init__(
+        self, num_blocks: int, block_size: int, num_seqs: int, enable_prefix_cache: bool = True
+    ) -> None:
+        if block_size < 1 or num_seqs < 1:
+            raise ValueError(f"bad geometry: block_size={block_size}, num_seqs={num_seqs}")
+        self.block_size = block_size
+        self.num_seqs = num_seqs
+        self.enable_prefix_cache = enable_prefix_cache
+        self.num_blocks = num_blocks
+        self.cache = PrefixCache(block_size)
+        self._ops: list[KvOp] = []
+        self._empty()
+
+    def _empty(self) -> None:
+        self.pool = BlockPool(self.num_blocks)
+        self.cache.clear()
+        self._seqs: dict[int, SeqTable] = {}
+        self._free_seqs = list(range(self.num_seqs))  # a heap: the lowest free id first
+        self._holders: OrderedDict[int, None] = OrderedDict()  # least recently used first
+
+    # ---- queries ----
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks that can be had now: free ones and cached ones nobody runs on."""
+        return self.pool.num_free + self.pool.num_cached
+
+    @property
+    def num_seqs_available(self) -> int:
+        return len(self._free_seqs) + len(self._holders)
+
+    def table(self, seq: int) -> list[int]:
+        return [b.block_id for b in self._seqs[seq].table]
+
+    def holders(self) -> list[int]:
+        return list(self._holders)
+
+    def stats(self) -> KvStats:
+        bs = self.block_size
+        active = [t for t in self._seqs.values() if t.role is SeqRole.ACTIVE]
+        waste = sum(len(t.table) * bs - t.num_tokens for t in active)
+        return KvStats(
+            num_blocks=self.pool.num_blocks,
+            active_blocks=self.pool.num_active,
+            cached_blocks=self.pool.num_cached,
+            free_blocks=self.pool.num_free,
+            waste_tokens=waste,
+            prefix_queries=self.cache.queries,
+            prefix_hits=self.cache.hits,
+        )
+
+    def drain_ops(self) -> list[KvOp]:
+        ops, self._ops = self._ops, []
+        return ops
+
+    # ---- admission ----
+
+    def admit(
+        self, tokens: Sequence[int], budget: int, copy_from: tuple[int, int] | None = None
+    ) -> Admission | None:
+        """Give a new sequence id the longest shared prefix of ``tokens`` and room for a chunk.
+
+        ``copy_from=(seq, n)`` shares the first ``n`` tokens of a running sibling (n > 1
+        choices); otherwise the prefix cache is asked. At least the last token of ``tokens``
+        is left to compute, so there are logits to sample from. ``None`` (and nothing
+        changed) when a sequence id or the blocks are lacking.
+        """
+        bs = self.block_size
+        shared: list[Block] = []
+        hashes: list[int] = []
+        src: int | None = None
+        n_copy = 0
+        from_cache = False
+        sibling = self._seqs.get(copy_from[0]) if copy_from is not None else None
+        if copy_from is not None and sibling is not None and sibling.role is SeqRole.ACTIVE:
+            src, n_copy = copy_from
+            n_copy = min(n_copy, len(tokens) - 1)
+            shared = sibling.table[: n_copy // bs]
+            hashes = sibling.hashes[: len(shared)]
+        elif self.enable_prefix_cache:
+            found, hashes = self.cache.lookup(tokens, (len(tokens) - 1) // bs)
+            if found:
+                # The copy gives the source's own blocks: the chain may have found a parent
+                # in another sequence that holds the same content in other cells.
+                src = min(found[-1].seqs)
+                shared = self._seqs[src].table[: len(found)]
+                n_copy = len(shared) * bs
+                from_cache = True
+        if n_copy <= 0:
+            shared, hashes, src, n_copy = [], [], None, 0
+        num_new = min(len(tokens) - n_copy, budget)
+        if num_new <= 0:
+            return None
+        need = cdiv(n_copy + num_new, bs) - len(shared)
+        pinned = sum(1 for b in shared if b.n_active == 0)
+        if need > self.num_free_blocks - pinned:
+            return None
+        seq = self._acquire_seq(exclude=src)
+        if seq is None and from_cache:
+            # The only reclaimable id is the hit's holder: give up the hit, not the request.
+            return self._admit_plain(tokens, budget)
+        if seq is None:
+            return None
+        if from_cache:
+            self.cache.queries += len(tokens)
+            self.cache.hits += n_copy
+        elif copy_from is None and self.enable_prefix_cache:
+            self.cache.queries += len(tokens)
+        st = SeqTable(seq, SeqRole.ACTIVE, hashes=list(hashes))
+        self._seqs[seq] = st
+        if src is not None:
+            self._ops.append(CopyPrefix(src=src, dst=seq, n_tokens=n_copy))
+            if src in self._holders:
+                self._holders.move_to_end(src)
+        for b in shared:
+            self._hold(b, seq, active=True)
+            st.table.append(b)
+        self._reserve(st, n_copy + num_new)
+        return Admission(seq, n_copy, num_new, n_copy if from_cache else 0)
+
+    def _admit_plain(self, tokens: Sequence[int], budget: int) -> Admission | None:
+        num_new = min(len(tokens), budget)
+        if cdiv(num_new, self.block_size) > self.num_free_blocks:
+            return None
+        seq = self._acquire_seq(exclude=None)
+        if seq is None:
+            return None
+        self.cache.queries += len(tokens)
+        st = SeqTable(seq, SeqRole.ACTIVE)
+        self._seqs[seq] = st
+        self._reserve(st, num_new)
+        return Admission(seq, 0, num_new, 0)
+
+    def restore(
+        self, key: str, tokens: Sequence[int], n_stashed: int, budget: int
+    ) -> Admission | None:
+        """Bring a stash back into fresh blocks of a new sequence id (its cells are new)."""
+        num_new = min(len(tokens) - n_stashed, budget)
+        if num_new <= 0 or cdiv(n_stashed + num_new, self.block_size) > self.num_free_blocks:
+            return None
+        seq = self._acquire_seq(exclude=None)
+        if seq is None:
+            return None
+        st = SeqTable(seq, SeqRole.ACTIVE)
+        self._seqs[seq] = st
+        self._ops.append(Restore(seq=seq, key=key))
+        self._reserve(st, n_stashed + num_new)
+        self.commit(seq, tokens, n_stashed)
+        return Admission(seq, n_stashed, num_new, 0)
+
+    # ---- growth and release ----
+
+    def can_grow(self, seq: int, num_tokens: int) -> bool:
+        st = self._seqs[seq]
+        return cdiv(num_tokens, self.block_size) - len(st.table) <= self.num_free_blocks
+
+    def grow(self, seq: int, num_tokens: int) -> bool:
+        """Reserve room for ``num_tokens`` in ``seq``, evicting cached blocks if needed."""
+        st = self._seqs[seq]
+        if num_tokens <= len(st.table) * self.block_size:  # the common case: room in the tail
+            if num_tokens > st.num_tokens:
+                st.num_tokens = num_tokens
+            return True
+        if not self.can_grow(seq, num_tokens):
+            return False
+        self._reserve(st, num_tokens)
+        return True
+
+    def commit(self, seq: int, tokens: Sequence[int], num_computed: int) -> None:
+        """``seq`` now holds ``tokens[:num_computed]``: hash (and cache) its new full blocks."""
+        if not self.enable_prefix_cache:
+            return
+        st = self._seqs[seq]
+        bs = self.block_size
+        if num_computed // bs <= len(st.hashes):
+            return  # no block filled up
+        parent = st.hashes[-1] if st.hashes else ROOT_HASH
+        for i in range(len(st.hashes), num_computed // bs):
+            key = block_key(parent, tokens[i * bs : (i + 1) * bs])
+            parent = hash(key)
+            st.hashes.append(parent)
+            self.cache.register(st.table[i], parent, key)
+
+    def free(self, seq: int, num_computed: int, keep_cache: bool = True) -> None:
+        """A running sequence is done: keep its hashed full blocks as a cache holder, or drop it."""
+        st = self._active(seq, "free")
+        bs = self.block_size
+        keep = 0
+        if keep_cache and self.enable_prefix_cache:
+            keep = min(len(st.hashes), num_computed // bs)
+            while keep and st.table[keep - 1].hash is None:
+                keep -= 1
+        for b in reversed(st.table[keep:]):
+            self._let_go(b, seq, active=True)
+        del st.table[keep:]
+        del st.hashes[keep:]
+        self._ops.append(Truncate(seq=seq, start=keep * bs))
+        if not keep:
+            self._release_seq(seq)
+            return
+        # Deepest first, so that among this sequence's blocks the tail is evicted first.
+        for b in reversed(st.table):
+            b.n_active -= 1
+            if not b.n_active:
+                self.pool.mark_cached(b)
+        st.role = SeqRole.HOLDER
+        st.num_tokens = keep * bs
+        self._holders[seq] = None
+
+    def stash(self, seq: int, key: str) -> None:
+        """Move ``seq``'s KV to host RAM (the engine frees the sequence) and drop its blocks."""
+        st = self._active(seq, "stash")
+        self._ops.append(Stash(seq=seq, key=key))
+        for b in reversed(st.table):
+            self._let_go(b, seq, active=True)
+        self._release_seq(seq)
+
+    def drop_stash(self, key: str) -> None:
+        """A stash whose owner will not come back (kept in the op order with the rest)."""
+        self._ops.append(DropStash(key=key))
+
+    def reset(self, wipe_engine: bool) -> None:
+        """Forget every sequence (the engine lost them, or is about to be wiped).
+
+        ``wipe_engine`` queues a ``Truncate(seq, 0)`` of every id, for an engine that is alive
+        but whose state is no longer known (a rejected plan).
+        """
+        self._empty()
+        self._ops = [Truncate(seq=s, start=0) for s in range(self.num_seqs)] if wipe_engine else []
+
+    # ---- internals ----
+
+    def _active(self, seq: int, what: str) -> SeqTable:
+        st = self._seqs.get(seq)
+        if st is None or st.role is not SeqRole.ACTIVE:
+            raise KvIntegrityError(f"{what} of sequence {seq}, which is not running")
+        return st
+
+    def _reserve(self, st: SeqTable, num_tokens: int) -> None:
+        for _ in range(cdiv(num_tokens, self.block_size) - len(st.table)):
+            if not self.pool.free:
+                self._evict_oldest_cached()
+            block = self.pool.take_free(depth=len(st.table))
+            self._hold(block, st.seq, active=True)
+            st.table.append(block)
+        st.num_tokens = max(st.num_tokens, num_tokens)
+
+    def _evict_oldest_cached(self) -> None:
+        block = self.pool.oldest_cached()
+        for holder in sorted(block.seqs):
+            self._truncate_holder(holder, block.depth)
+
+    def _truncate_holder(self, seq: int, n_blocks: int) -> None:
+        st = self._seqs[seq]
+        self._ops.append(Truncate(seq=seq, start=n_blocks * self.block_size))
+        for b in reversed(st.table[n_blocks:]):
+            self._let_go(b, seq, active=False)
+        del st.table[n_blocks:]
+        del st.hashes[n_blocks:]
+        st.num_tokens = min(st.num_tokens, n_blocks * self.block_size)
+        if not st.table:
+            del self._holders[seq]
+            self._release_seq(seq)
+
+    def _acquire_seq(self, exclude: int | None) -> int | None:
+        if not self._free_seqs:
+            victim = next((h for h in self._holders if h != exclude), None)
+            if victim is None:
+                return None
+            self._truncate_holder(victim, 0)
+        return heapq.heappop(self._free_seqs)
+
+    def _release_seq(self, seq: int) -> None:
+        del self._seqs[seq]
+        heapq.heappush(self._free_seqs, seq)
+
+    def _hold(self, block: Block, seq: int, active: bool) -> None:
+        was_cached = block.state is BlockState.CACHED
+        block.seqs.add(seq)
+        if active:
+            block.n_active += 1
+            if was_cached:
+                self.pool.unmark_cached(block)
+
+    def _let_go(self, block: Block, seq: int, active: bool) -> None:
+        if seq not in block.seqs:
+            raise KvIntegrityError(f"sequence {seq} lets go of block {block.block_id} twice")
+        block.seqs.remove(seq)
+        if active:
+            block.n_active -= 1
+        if not block.seqs:
+            self.cache.forget(block)
+            self.pool.release(block)
+        elif active and not block.n_active:
+            self.pool.mark_cached(block)
+
+    # ---- integrity ----
+
+    def check_integrity(self) -> None:
+        """Raise ``KvIntegrityError`` on any leak, double free or stale reference."""
+        self.pool.check()
+        self.cache.check()
+        bs = self.block_size
+        expected: dict[int, tuple[set[int], int]] = {}
+        for seq, st in self._seqs.items():
+            if st.seq != seq:
+                raise KvIntegrityError(f"sequence table {st.seq} filed under {seq}")
+            ids = [b.block_id for b in st.table]
+            if len(set(ids)) != len(ids):
+                raise KvIntegrityError(f"sequence {seq} holds a block twice: {ids}")
+            if cdiv(st.num_tokens, bs) != len(st.table):
+                raise KvIntegrityError(
+                    f"sequence {seq} reserves {st.num_tokens} tokens in {len(st.table)} blocks"
+                )
+            if st.role is SeqRole.HOLDER and (not st.table or seq not in self._holders):
+                raise KvIntegrityError(f"holder {seq} is empty or unlisted")
+            for depth, b in enumerate(st.table):
+                if b.depth != depth:
+                    raise KvIntegrityError(f"block {b.block_id} at depth {depth}, not {b.depth}")
+                seqs, n_active = expected.setdefault(b.block_id, (set(), 0))
+                seqs.add(seq)
+                expected[b.block_id] = (seqs, n_active + (st.role is SeqRole.ACTIVE))
+        for b in self.pool.blocks:
+            seqs, n_active = expected.get(b.block_id, (set(), 0))
+            if b.seqs != seqs or b.n_active != n_active:
+                raise KvIntegrityError(
+                    f"block {b.block_id}: held by {sorted(b.seqs)} ({b.n_active} active), "
+                    f"tables say {sorted(seqs)} ({n_active} active)"
+                )
+        ids = sorted([*self._seqs, *self._free_seqs])
+        if ids != list(range(self.num_seqs)):
+            raise KvIntegrityError(f"sequence ids leaked or doubled: {ids}")
+        if set(self._holders) != {s for s, t in self._seqs.items() if t.role is SeqRole.HOLDER}:
+            raise KvIntegrityError("the holder list disagrees with the tables")

@@ -1,0 +1,40 @@
+"""The scheduler's knobs: one frozen dataclass, built by the caller from its settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class PolicyName(StrEnum):
+    SEQUENTIAL = "sequential"  # one request at a time, run to completion
+    STATIC = "static"  # form a batch, run it until all of it finishes
+    FCFS = "fcfs"  # continuous batching, first come first served, preempt the newest
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    policy: PolicyName = PolicyName.FCFS
+    block_size: int = 16
+    max_running: int = 16  # choices running at once; also capped by the engine's n_seq_max
+    token_budget: int = 512  # tokens per step; capped by the engine's n_batch
+    num_kv_blocks: int | None = None  # None: n_ctx // block_size
+    enable_prefix_cache: bool = True
+    stash_budget_bytes: int = 1 << 30  # host RAM for stashed KV
+    # Cost estimates that decide stash vs recompute (defaults: the 2-core CPU of DESIGN.md,
+    # where a stash+restore of 1,000 tokens takes ~5 ms and prefill runs at ~220 tokens/s).
+    stash_bytes_per_s: float = 4.6e9
+    prefill_tokens_per_s: float = 220.0
+    # A request that was on the engine this many times when it died is failed, not retried.
+    max_engine_deaths_per_request: int = 2
+    # Run KvManager.check_integrity() after every cycle (tests; O(blocks) per cycle).
+    check_integrity: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "policy", PolicyName(self.policy))
+        if self.block_size < 1 or self.max_running < 1 or self.token_budget < 1:
+            raise ValueError(f"block_size, max_running and token_budget must be >= 1: {self}")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
+            raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
+        if self.stash_budget_bytes < 0:
+            raise ValueError(f"stash_budget_bytes must be >= 0, got {self.stash_budget_bytes}")

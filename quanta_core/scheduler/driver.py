@@ -1,0 +1,175 @@
+"""The async driver: runs the scheduler's cycle against an executor, off the event loop.
+
+    driver = Driver(scheduler, executor, clock)
+    await driver.start()
+    handle = driver.submit(GenerationRequest(...))    # -> RequestHandle
+    async for event in handle: ...                     # TokenEvent | ChoiceFinished
+    results = await handle.results()
+    driver.cancel(request_id)                          # freed at the next cycle boundary
+    driver.stats()                                     # SchedulerStats, read-only
+    await driver.stop(grace_s=5.0)
+
+``Driver(scheduler: Scheduler, executor: Executor, clock: Clock)``. The scheduler runs in
+the event loop's thread (a cycle's bookkeeping is small); only ``executor.step`` and
+``executor.restart`` (blocking, 10-350 ms) run in a worker thread, so the loop stays free for
+HTTP while the engine works, and scheduler state is touched by one thread only. Each call
+of ``submit`` / ``cancel`` / ``stop`` wakes an idle loop.
+
+Failures: ``EngineDied`` restarts the executor and hands the scheduler the dead plan
+(stashed requests are restored, the others recomputed, with no token lost or repeated);
+``EngineInputError`` fails the plan's requests and carries on. A bug that escapes the
+scheduler fails every open request (ERROR) and the driver refuses new ones from then on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from quanta_core.clock import Clock
+from quanta_core.engine.errors import EngineDied, EngineError, EngineInputError
+from quanta_core.engine.protocol import Executor
+from quanta_core.requests import ChoiceFinished, FinishReason, GenerationRequest
+from quanta_core.scheduler.handle import Event, RequestHandle
+from quanta_core.scheduler.scheduler import Scheduler, SchedulerStats
+
+log = logging.getLogger(__name__)
+
+
+class Driver:
+    def __init__(self, scheduler: Scheduler, executor: Executor, clock: Clock) -> None:
+        self.scheduler = scheduler
+        self.executor = executor
+        self.clock = clock
+        self._handles: dict[str, RequestHandle] = {}
+        self._wake = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+        self._closing = False
+        self._failure: str | None = None
+
+    async def start(self) -> None:
+        if self._task is not None:
+            raise RuntimeError("the driver is already started")
+        self._task = asyncio.create_task(self._run(), name="quanta-driver")
+
+    def submit(self, request: GenerationRequest) -> RequestHandle:
+        now = self.clock.now()
+        handle = RequestHandle(request, now)
+        refusal = self._refusal(request)
+        if refusal is not None:
+            handle.fail(FinishReason.REJECTED, refusal, now)
+            return handle
+        self._handles[request.request_id] = handle
+        self.scheduler.submit(request)
+        self._dispatch(self.scheduler.drain_events())  # an immediate rejection
+        self._wake.set()
+        return handle
+
+    def cancel(self, request_id: str) -> bool:
+        """Cancel a live request; its KV is freed at the next cycle boundary."""
+        cancelled = self.scheduler.cancel(request_id)
+        self._wake.set()
+        return cancelled
+
+    def stats(self) -> SchedulerStats:
+        return self.scheduler.stats()
+
+    async def stop(self, grace_s: float) -> None:
+        """Admit nothing new; give in-flight requests ``grace_s`` to finish, then fail them."""
+        self._stopping = True
+        self.scheduler.stop_admitting()
+        self._dispatch(self.scheduler.drain_events())
+        self._wake.set()
+        if self._task is None:
+            return
+        if not self._task.done():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), grace_s)
+        self._closing = True
+        self._wake.set()
+        await self._task
+
+    def _refusal(self, request: GenerationRequest) -> str | None:
+        if self._failure is not None:
+            return f"the scheduler failed: {self._failure}"
+        if self._stopping:
+            return "the server is stopping"
+        if request.request_id in self._handles:
+            return f"request id {request.request_id!r} is already in flight"
+        return None
+
+    # ---- the loop ----
+
+    async def _run(self) -> None:
+        sched = self.scheduler
+        while not self._closing:
+            self._wake.clear()
+            if not sched.has_work:
+                self._idle.set()
+                await self._wake.wait()
+                continue
+            self._idle.clear()
+            try:
+                await self._cycle()
+            except Exception as exc:
+                log.exception("the scheduler cycle failed")
+                self._fail_everything(f"{type(exc).__name__}: {exc}")
+            if self._failure is not None:
+                break  # the state is not to be trusted any more: serve nobody
+        with contextlib.suppress(Exception):
+            self._dispatch(sched.abort_all("the server stopped before it finished"))
+            await self._flush()
+        self._idle.set()
+
+    async def _cycle(self) -> None:
+        sched = self.scheduler
+        plan = sched.schedule()
+        self._dispatch(sched.drain_events())
+        if plan.is_empty:
+            # Live requests, none runnable: only a submit, cancel or stop can change that.
+            await self._wake.wait()
+            return
+        try:
+            result = await asyncio.to_thread(self.executor.step, plan)
+        except EngineDied as exc:
+            log.warning("the engine died (%s); restarting it", exc)
+            events = sched.on_engine_died(plan)
+            self._dispatch(events)
+            try:
+                await asyncio.to_thread(self.executor.restart)
+            except EngineError as restart_exc:
+                self._fail_everything(f"the engine died and did not restart: {restart_exc}")
+            return
+        except EngineInputError as exc:
+            log.error("the engine refused a plan (a scheduler bug): %s", exc)
+            self._dispatch(sched.on_plan_rejected(plan, str(exc)))
+            return
+        self._dispatch(sched.update(plan, result))
+
+    async def _flush(self) -> None:
+        """Run the frees and releases left after the last requests, so the engine is clean."""
+        plan = self.scheduler.schedule()
+        if not plan.is_empty:
+            await asyncio.to_thread(self.executor.step, plan)
+
+    def _dispatch(self, events: list[Event]) -> None:
+        for event in events:
+            request_id = (
+                event.result.request_id if isinstance(event, ChoiceFinished) else (event.request_id)
+            )
+            handle = self._handles.get(request_id)
+            if handle is None:
+                continue
+            handle.push(event)
+            if handle.done:
+                del self._handles[request_id]
+
+    def _fail_everything(self, error: str) -> None:
+        self._failure = error
+        now = self.clock.now()
+        for handle in self._handles.values():
+            handle.fail(FinishReason.ERROR, error, now)
+        self._handles.clear()

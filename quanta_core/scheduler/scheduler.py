@@ -1,0 +1,523 @@
+"""The scheduler: ``schedule() -> StepPlan`` and ``update(plan, result) -> events``.
+
+One cycle, as an operating system would run it:
+
+    cancelled?         free their KV now (cycle boundary: no step is in flight)
+    anyone starved?    the policy lifts them (``begin_cycle``)
+    running            each gets its next tokens under the token budget; when blocks run out
+                       a victim (policy) is stashed or dropped for recompute (cost)
+    waiting            admitted in the policy's order while ids, blocks and budget allow
+                       (not in a cycle that had to preempt)
+    plan               KV ops in the order they were decided, then the slices
+
+Tokens, not phases: a slice is ``tokens[num_computed : num_computed + n]``. A long prompt
+takes several steps (chunked prefill) behind the running decodes, which come first.
+Finished requests are freed in ``update``; their ops lead the next plan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from quanta_core.clock import Clock
+from quanta_core.engine.types import (
+    DropStash,
+    EngineInfo,
+    SeqOutput,
+    SeqSlice,
+    Stash,
+    StepPlan,
+    StepResult,
+)
+from quanta_core.kv.kv_manager import KvManager
+from quanta_core.requests import (
+    ChoiceFinished,
+    FinishReason,
+    GenerationRequest,
+    TokenEvent,
+)
+from quanta_core.scheduler.config import SchedulerConfig
+from quanta_core.scheduler.handle import Event
+from quanta_core.scheduler.policies import AdmitDecision, make_policy
+from quanta_core.scheduler.preemption import PreemptionCosts, PreemptMode
+from quanta_core.scheduler.request import Request, RequestStatus
+
+# Reasons whose KV is sound and worth keeping in the prefix cache.
+_CACHEABLE = frozenset({FinishReason.STOP, FinishReason.LENGTH, FinishReason.CANCELLED})
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerStats:
+    num_running: int
+    num_waiting: int
+    kv_usage: float  # fraction of blocks held by running sequences
+    kv_cached_blocks: int  # held only for the prefix cache (reclaimable)
+    kv_waste_tokens: int  # reserved but unfilled cells of running sequences
+    prefix_cache_queries: int  # tokens
+    prefix_cache_hits: int  # tokens
+    num_preemptions: int
+    num_stashes: int
+    stash_bytes: int
+    engine_deaths: int
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, info: EngineInfo, clock: Clock) -> None:
+        self.config = config
+        self.info = info
+        self.clock = clock
+        bs = config.block_size
+        num_blocks = config.num_kv_blocks or info.n_ctx // bs
+        # Copying a partial prefix between sequences needs llama.cpp's unified KV buffer; with
+        # one stream per sequence it aborts the process. Without it nothing is shared.
+        self.share_kv = info.kv_unified
+        self.kv = KvManager(
+            num_blocks, bs, info.n_seq_max, config.enable_prefix_cache and self.share_kv
+        )
+        self.policy = make_policy(config.policy)
+        self.token_budget = min(config.token_budget, info.n_batch)
+        self.max_running = min(config.max_running, info.n_seq_max)
+        # The longest a sequence may grow: positions must fit the context and blocks the pool.
+        # (With one stream per sequence, each stream is n_ctx / n_seq_max cells.)
+        n_ctx_seq = info.n_ctx if info.kv_unified else info.n_ctx // info.n_seq_max
+        self.max_seq_tokens = min(n_ctx_seq, num_blocks * bs)
+        self.eog = frozenset(info.eog_tokens)
+        self.costs = PreemptionCosts(
+            info.kv_bytes_per_token,
+            config.stash_bytes_per_s,
+            config.prefill_tokens_per_s,
+            config.stash_budget_bytes,
+        )
+        self._running: dict[Request, None] = {}  # admission order
+        self._by_seq: dict[int, Request] = {}
+        self._groups: dict[str, list[Request]] = {}  # request_id -> choices, while any is live
+        self._cancels: list[str] = []
+        self._release: list[str] = []  # samplers to free in the next plan
+        self._stash_bytes: dict[str, int] = {}  # key -> bytes (estimate until the step says)
+        self._events: list[Event] = []
+        self._order = 0
+        self._admitting = True
+        self.num_preemptions = 0
+        self.engine_deaths = 0
+
+    # ---- the public face ----
+
+    def submit(self, req: GenerationRequest) -> list[Request]:
+        """Queue ``req``'s choices; a request that can never run finishes at once (REJECTED)."""
+        now = self.clock.now()
+        self._order += 1
+        choices = Request.choices_of(req, now, self._order)
+        reason = self._reject_reason(req)
+        if reason is not None:
+            for r in choices:
+                self._finish(r, FinishReason.REJECTED, reason)
+            return choices
+        self._groups[req.request_id] = choices
+        self.policy.waiting.push(choices[0])
+        if not self.share_kv:
+            self._unblock_siblings(choices[0])  # they cannot share the prompt: no waiting
+        return choices
+
+    def cancel(self, request_id: str) -> bool:
+        """Cancel at the next cycle boundary; ``False`` if no such request is live."""
+        if request_id not in self._groups:
+            return False
+        self._cancels.append(request_id)
+        return True
+
+    def stop_admitting(self) -> None:
+        """Refuse new requests, and those queued that never ran; in-flight ones go on."""
+        self._admitting = False
+        for r in list(self.policy.waiting):
+            if r.first_scheduled is None:
+                self.policy.waiting.remove(r)
+                self._finish(r, FinishReason.REJECTED, "the server is stopping")
+
+    def abort_all(self, error: str) -> list[Event]:
+        """Fail every live request (ERROR) and free its KV."""
+        for choices in list(self._groups.values()):
+            for r in choices:
+                if not r.is_finished:
+                    self._finish(r, FinishReason.ERROR, error)
+        return self.drain_events()
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self._groups or self._cancels or self._release)
+
+    def drain_events(self) -> list[Event]:
+        events, self._events = self._events, []
+        return events
+
+    def stats(self) -> SchedulerStats:
+        kv = self.kv.stats()
+        return SchedulerStats(
+            num_running=len(self._running),
+            num_waiting=len(self.policy.waiting),
+            kv_usage=kv.usage,
+            kv_cached_blocks=kv.cached_blocks,
+            kv_waste_tokens=kv.waste_tokens,
+            prefix_cache_queries=kv.prefix_queries,
+            prefix_cache_hits=kv.prefix_hits,
+            num_preemptions=self.num_preemptions,
+            num_stashes=len(self._stash_bytes),
+            stash_bytes=sum(self._stash_bytes.values()),
+            engine_deaths=self.engine_deaths,
+        )
+
+    def check_integrity(self) -> None:
+        self.kv.check_integrity()
+        for r in self._running:
+            if r.status is not RequestStatus.RUNNING or r.seq is None:
+                raise RuntimeError(f"{r.owner} is listed running but is {r.status.value}")
+            if self._by_seq.get(r.seq) is not r:
+                raise RuntimeError(f"{r.owner}'s sequence {r.seq} is filed under another")
+        if len(self._by_seq) != len(self._running):
+            raise RuntimeError("a sequence id is filed for a request that is not running")
+
+    # ---- the cycle ----
+
+    def schedule(self) -> StepPlan:
+        now = self.clock.now()
+        self._apply_cancels()
+        running = self._running
+        self.policy.begin_cycle(running, now)
+        budget = self.token_budget
+        slices: list[SeqSlice] = []
+        queue = list(running)
+        preempted = False
+        for i, r in enumerate(queue):
+            if budget <= 0:
+                break
+            if r.status is not RequestStatus.RUNNING:
+                continue  # evicted earlier in this loop
+            assert r.seq is not None
+            n = min(r.num_tokens - r.num_computed_tokens, budget)
+            while not self.kv.grow(r.seq, r.num_computed_tokens + n):
+                candidates = [c for c in queue[i:] if c.status is RequestStatus.RUNNING]
+                victim = self.policy.pick_victim(candidates)
+                self._preempt(victim, now)
+                preempted = True
+                if victim is r:
+                    break
+            if r.status is RequestStatus.RUNNING:
+                slices.append(self._slice(r, n, now))
+                budget -= n
+        if not preempted:
+            budget = self._admit(budget, slices, now)
+        plan = StepPlan(
+            kv_ops=tuple(self.kv.drain_ops()), slices=tuple(slices), release=tuple(self._release)
+        )
+        self._release.clear()
+        return plan
+
+    def _admit(self, budget: int, slices: list[SeqSlice], now: float) -> int:
+        waiting = self.policy.waiting
+        skipped: list[Request] = []
+        while (
+            budget > 0 and len(self._running) < self.max_running and self.kv.num_seqs_available > 0
+        ):
+            r = waiting.peek()
+            if r is None:
+                break
+            decision = self.policy.may_admit(r, self._running)
+            if decision is AdmitDecision.STOP:
+                break
+            waiting.pop()
+            if decision is AdmitDecision.SKIP:
+                skipped.append(r)
+                continue
+            n = self._try_admit(r, budget, now)
+            if n is None:
+                waiting.push(r)
+                break
+            self.policy.on_admitted(r)
+            slices.append(self._slice(r, n, now))
+            budget -= n
+        for r in skipped:
+            waiting.push(r)
+        return budget
+
+    def _try_admit(self, r: Request, budget: int, now: float) -> int | None:
+        """Give ``r`` a sequence and blocks; return its first chunk's size, or ``None``."""
+        if r.stash_key is not None:
+            adm = self.kv.restore(r.stash_key, r.tokens, r.stash_tokens, budget)
+            if adm is None:
+                return None
+            self._stash_bytes.pop(r.stash_key, None)
+            r.restored_key, r.stash_key = r.stash_key, None
+        else:
+            copy_from = None
+            parent = r.parent
+            # Choice 0 shares its prompt while it holds it (not so after a crash or preemption).
+            holds_prompt = parent is not None and parent.num_computed_tokens >= r.prompt_len - 1
+            if parent is not None and parent.seq is not None and holds_prompt and self.share_kv:
+                copy_from = (parent.seq, r.prompt_len - 1)
+            adm = self.kv.admit(r.tokens, budget, copy_from)
+            if adm is None:
+                return None
+        r.seq = adm.seq
+        r.num_computed_tokens = adm.num_computed
+        if r.cached_tokens is None:
+            r.cached_tokens = min(adm.num_computed, r.prompt_len)
+        if r.admitted is None:
+            r.admitted = now
+        elif r.status is RequestStatus.PREEMPTED:
+            r.resumed_at.append(now)
+        r.status = RequestStatus.RUNNING
+        self._running[r] = None
+        self._by_seq[adm.seq] = r
+        return adm.num_new
+
+    def _slice(self, r: Request, n: int, now: float) -> SeqSlice:
+        assert r.seq is not None
+        start = r.num_computed_tokens
+        end = start + n
+        sample = end == r.num_tokens
+        if r.first_scheduled is None:
+            r.first_scheduled = now
+        replay: tuple[int, ...] = ()
+        if sample:
+            if r.needs_replay:
+                replay = tuple(r.output)
+            r.has_sampler = True
+        return SeqSlice(
+            seq=r.seq,
+            tokens=tuple(r.tokens[start:end]),
+            start_pos=start,
+            sample=sample,
+            owner=r.owner,
+            sampling=r.sampling,
+            replay=replay,
+        )
+
+    def _preempt(self, victim: Request, now: float) -> None:
+        assert victim.seq is not None
+        in_use = sum(self._stash_bytes.values())
+        mode = self.costs.choose(victim.num_computed_tokens, in_use)
+        if mode is PreemptMode.STASH:
+            key = f"{victim.owner}#{victim.preemptions + 1}"
+            self.kv.stash(victim.seq, key)
+            victim.stash_key = key
+            victim.stash_tokens = victim.num_computed_tokens
+            self._stash_bytes[key] = self.costs.stash_bytes(victim.num_computed_tokens)
+        else:
+            self.kv.free(victim.seq, victim.num_computed_tokens, keep_cache=True)
+            self._drop_sampler(victim)
+            victim.num_computed_tokens = 0
+        self._leave_running(victim)
+        victim.status = RequestStatus.PREEMPTED
+        victim.preemptions += 1
+        victim.preempted_at.append(now)
+        self.num_preemptions += 1
+        self.policy.waiting.push(victim)
+
+    def _drop_sampler(self, r: Request) -> None:
+        """The worker's sampler goes; the next one is rebuilt from a replay of the outputs."""
+        if r.has_sampler:
+            self._release.append(r.owner)
+            r.has_sampler = False
+        r.needs_replay = r.num_output > 0
+
+    def _leave_running(self, r: Request) -> None:
+        if r.seq is not None:
+            del self._by_seq[r.seq]
+            r.seq = None
+        self._running.pop(r, None)
+
+    # ---- results ----
+
+    def update(self, plan: StepPlan, result: StepResult) -> list[Event]:
+        now = self.clock.now()
+        for info in result.stashed:
+            if info.key in self._stash_bytes:
+                self._stash_bytes[info.key] = info.n_bytes
+        outputs = {o.seq: o for o in result.outputs}
+        for s in plan.slices:
+            r = self._by_seq.get(s.seq)
+            if r is None:
+                continue
+            r.restored_key = None
+            r.num_computed_tokens = s.start_pos + len(s.tokens)
+            assert r.seq is not None
+            self.kv.commit(r.seq, r.tokens, r.num_computed_tokens)
+            if r.siblings_blocked and r.num_computed_tokens >= r.prompt_len:
+                self._unblock_siblings(r)
+            if not s.sample:
+                continue
+            out = outputs.get(s.seq)
+            if out is None:
+                self._finish(r, FinishReason.ERROR, "the engine returned no token for it")
+                continue
+            r.needs_replay = False
+            self._on_token(r, out, now)
+        if self.config.check_integrity:
+            self.check_integrity()
+        return self.drain_events()
+
+    def _on_token(self, r: Request, out: SeqOutput, now: float) -> None:
+        if r.first_token is None:
+            r.first_token = now
+        if out.token in self.eog and not r.sampling.ignore_eos:
+            r.eog_tokens = 1
+            self._finish(r, FinishReason.STOP)
+            return
+        r.append_output(out, now)
+        self._events.append(
+            TokenEvent(r.request_id, r.index, out.token, out.logprob, out.top_logprobs)
+        )
+        if r.num_output >= r.max_tokens or r.num_tokens >= self.max_seq_tokens:
+            self._finish(r, FinishReason.LENGTH)
+
+    def _unblock_siblings(self, r: Request) -> None:
+        for sibling in r.siblings_blocked:
+            if sibling.status is RequestStatus.BLOCKED:
+                sibling.status = RequestStatus.WAITING
+                self.policy.waiting.push(sibling)
+        r.siblings_blocked = []
+
+    def _finish(self, r: Request, reason: FinishReason, error: str | None = None) -> None:
+        """End ``r``: free its sequence (or stash), its sampler, and tell the client."""
+        if r.is_finished:
+            return
+        if r.seq is not None:
+            self.kv.free(r.seq, r.num_computed_tokens, keep_cache=reason in _CACHEABLE)
+            self._leave_running(r)
+        if r.stash_key is not None:
+            self.kv.drop_stash(r.stash_key)
+            self._stash_bytes.pop(r.stash_key, None)
+            r.stash_key = None
+        self.policy.waiting.remove(r)
+        if r.has_sampler:
+            self._release.append(r.owner)
+            r.has_sampler = False
+        if r.siblings_blocked:
+            # Choice 0 leaves before its prompt was computed: the others compute it themselves.
+            if self._admitting:
+                self._unblock_siblings(r)
+            else:
+                for sibling in r.siblings_blocked:
+                    self._finish(sibling, FinishReason.REJECTED, "the server is stopping")
+                r.siblings_blocked = []
+        r.status = RequestStatus.FINISHED
+        r.finish_reason = reason
+        r.error = error
+        r.finished = self.clock.now()
+        self._events.append(ChoiceFinished(r.result()))
+        group = self._groups.get(r.request_id)
+        if group is not None and all(c.is_finished for c in group):
+            del self._groups[r.request_id]
+
+    def _apply_cancels(self) -> None:
+        for request_id in self._cancels:
+            for r in self._groups.get(request_id, ()):
+                self._finish(r, FinishReason.CANCELLED)
+        self._cancels.clear()
+
+    def _reject_reason(self, req: GenerationRequest) -> str | None:
+        if not self._admitting:
+            return "the server is stopping"
+        if req.request_id in self._groups:
+            return f"request id {req.request_id!r} is already in flight"
+        if not req.prompt_tokens:
+            return "the prompt is empty"
+        if req.max_tokens < 1 or req.n < 1:
+            return f"max_tokens ({req.max_tokens}) and n ({req.n}) must be >= 1"
+        if len(req.prompt_tokens) >= self.max_seq_tokens:
+            return (
+                f"the prompt has {len(req.prompt_tokens)} tokens; this engine's context "
+                f"holds {self.max_seq_tokens} with the output"
+            )
+        bad = [t for t in req.prompt_tokens if not 0 <= t < self.info.n_vocab]
+        if bad:
+            return f"token ids out of the vocabulary: {bad[:5]}"
+        return None
+
+    # ---- failures ----
+
+    def on_engine_died(self, plan: StepPlan) -> list[Event]:
+        """The worker died running ``plan`` (and was restarted): nothing of it counts.
+
+        Stashes survive. Running requests go back to the queue to be recomputed (prompt and
+        outputs prefilled again, outputs replayed to a new sampler), or restored if the plan
+        was restoring them. A request the engine died under too often fails (ERROR).
+        """
+        self.engine_deaths += 1
+        stashing = {op.key for op in plan.kv_ops if isinstance(op, Stash)}
+        for r, _ in self._forget_engine(wipe=False):
+            r.engine_deaths += 1
+            if r.engine_deaths >= self.config.max_engine_deaths_per_request:
+                self._finish(
+                    r, FinishReason.ERROR, f"the engine died {r.engine_deaths} times running it"
+                )
+            else:
+                self.policy.waiting.push(r)
+        for choices in self._groups.values():
+            for r in choices:
+                if r.stash_key is not None and r.stash_key in stashing:
+                    # Its stash was in the dying plan: the KV is not known to be saved.
+                    self._stash_bytes.pop(r.stash_key, None)
+                    r.stash_key = None
+                    r.num_computed_tokens = 0
+                r.has_sampler = False
+                r.needs_replay = r.num_output > 0
+        self._release.clear()
+        self._redo_drops(plan)
+        return self.drain_events()
+
+    def _redo_drops(self, plan: StepPlan) -> None:
+        """The failed plan's ``DropStash`` never ran: those stashes are still held."""
+        for op in plan.kv_ops:
+            if isinstance(op, DropStash):
+                self.kv.drop_stash(op.key)
+
+    def on_plan_rejected(self, plan: StepPlan, error: str) -> list[Event]:
+        """The engine refused ``plan`` (a scheduler bug; nothing changed in the engine).
+
+        The requests it ran fail (ERROR). The engine's sequences are wiped and the other
+        running requests are recomputed, so that the accounting is exact again.
+        """
+        bad = {s.seq for s in plan.slices}
+        stashing = {op.key for op in plan.kv_ops if isinstance(op, Stash)}
+        forgotten = self._forget_engine(wipe=True)
+        self._release.extend(plan.release)  # never applied
+        self._redo_drops(plan)
+        for r, seq in forgotten:
+            if seq in bad:
+                self._finish(r, FinishReason.ERROR, f"the engine refused the plan: {error}")
+            else:
+                if r.stash_key is None:
+                    self._drop_sampler(r)
+                self.policy.waiting.push(r)
+        for choices in self._groups.values():
+            for r in choices:
+                if r.stash_key is not None and r.stash_key in stashing:
+                    # The stash never happened and the wipe took the KV: recompute.
+                    self._stash_bytes.pop(r.stash_key, None)
+                    r.stash_key = None
+                    r.num_computed_tokens = 0
+                    self._drop_sampler(r)
+        return self.drain_events()
+
+    def _forget_engine(self, wipe: bool) -> list[tuple[Request, int]]:
+        """No sequence holds anything any more: running requests become preempted.
+
+        A request whose restore was in the failed plan gets its stash back (the plan did not
+        run, so the stash is still there); the others will be recomputed.
+        """
+        forgotten: list[tuple[Request, int]] = []
+        for r in self._running:
+            assert r.seq is not None
+            forgotten.append((r, r.seq))
+            r.seq = None
+            r.status = RequestStatus.PREEMPTED
+            if r.restored_key is not None:
+                r.stash_key, r.restored_key = r.restored_key, None
+                self._stash_bytes[r.stash_key] = self.costs.stash_bytes(r.stash_tokens)
+                r.num_computed_tokens = r.stash_tokens
+            else:
+                r.num_computed_tokens = 0
+        self._running.clear()
+        self._by_seq.clear()
+        self.kv.reset(wipe_engine=wipe)
+        return forgotten

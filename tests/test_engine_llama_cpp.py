@@ -1,0 +1,336 @@
+"""The real engine: SmolLM2-135M in a llama.cpp worker process, driven step by step."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from quanta_core.engine import (
+    CopyPrefix,
+    DropStash,
+    EngineDied,
+    EngineHung,
+    EngineInputError,
+    Restore,
+    SamplingParams,
+    SeqSlice,
+    Stash,
+    StepPlan,
+    Truncate,
+)
+from quanta_core.engine.config import EngineConfig
+from quanta_core.engine.llama_cpp.executor import LlamaCppExecutor
+from quanta_core.engine.llama_cpp.grammar import json_object_grammar
+from quanta_core.engine.llama_cpp.tokenizer import Tokenizer
+
+pytestmark = pytest.mark.model
+
+N_SEQ = 8
+
+
+@pytest.fixture(scope="module")
+def tok(model_path: Path) -> Iterator[Tokenizer]:
+    t = Tokenizer.load(str(model_path))
+    yield t
+    t.close()
+
+
+@pytest.fixture(scope="module")
+def engine(model_path: Path) -> Iterator[LlamaCppExecutor]:
+    config = EngineConfig(
+        model_path=str(model_path),
+        n_ctx=2048,
+        n_seq_max=N_SEQ,
+        n_batch=256,
+        n_ubatch=256,
+        threads=2,
+        step_timeout_s=30,
+    )
+    ex = LlamaCppExecutor.start(config)
+    yield ex
+    ex.close()
+
+
+@pytest.fixture(autouse=True)
+def empty_engine(engine: LlamaCppExecutor) -> Iterator[None]:
+    """Every test starts and ends with an empty engine (all sequences freed)."""
+    yield
+    held = [s.seq for s in engine.memory_stats().sequences]
+    engine.step(StepPlan(kv_ops=tuple(Truncate(seq) for seq in held)))
+
+
+def greedy_alone(engine: LlamaCppExecutor, seq: int, prompt: list[int], n: int) -> list[int]:
+    """Reference: one sequence, prompt in one step, then one decode per step."""
+    owner = f"alone-{seq}-{len(prompt)}-{prompt[-1]}"
+    out = engine.step(StepPlan(slices=(SeqSlice(seq, tuple(prompt), 0, True, owner),)))
+    tokens = [out.outputs[0].token]
+    pos = len(prompt)
+    for _ in range(n - 1):
+        res = engine.step(StepPlan(slices=(SeqSlice(seq, (tokens[-1],), pos, True, owner),)))
+        tokens.append(res.outputs[0].token)
+        pos += 1
+    engine.step(StepPlan(kv_ops=(Truncate(seq),), release=(owner,)))
+    return tokens
+
+
+PROMPTS = [
+    "The capital of France is",
+    "Here is a short poem about the sea:\n",
+    "def fibonacci(n):\n    ",
+    "List three colours: red,",
+]
+
+
+def test_batched_steps_match_each_sequence_alone(engine: LlamaCppExecutor, tok: Tokenizer) -> None:
+    prompts = [tok.encode(p) for p in PROMPTS]
+    n_new = 12
+    alone = [greedy_alone(engine, 0, p, n_new) for p in prompts]
+
+    # Together: seq 0 prefills alone; seq 1 joins while 0 decodes (a mixed batch); seq 2's
+    # prompt is chunked over two steps; seq 3 joins last. Every step is one llama_decode.
+    generated: dict[int, list[int]] = {i: [] for i in range(4)}
+    pos = {i: 0 for i in range(4)}
+    pending = {i: list(p) for i, p in enumerate(prompts)}
+    joins = {0: 0, 1: 1, 2: 2, 3: 4}
+    chunk = {2: 3}  # seq 2: 3 prompt tokens at a time
+    step = 0
+    while any(len(g) < n_new for g in generated.values()):
+        slices = []
+        for i in range(4):
+            if step < joins[i] or len(generated[i]) >= n_new:
+                continue
+            if pending[i]:
+                size = chunk.get(i, len(pending[i]))
+                piece, pending[i] = pending[i][:size], pending[i][size:]
+                slices.append(SeqSlice(i, tuple(piece), pos[i], not pending[i], f"b{i}"))
+                pos[i] += len(piece)
+            else:
+                slices.append(SeqSlice(i, (generated[i][-1],), pos[i], True, f"b{i}"))
+                pos[i] += 1
+        result = engine.step(StepPlan(slices=tuple(slices)))
+        for out in result.outputs:
+            generated[out.seq].append(out.token)
+        step += 1
+    engine.step(StepPlan(release=tuple(f"b{i}" for i in range(4))))
+    assert [generated[i] for i in range(4)] == alone
+
+
+def test_shared_prefix_by_seq_cp_matches_computing_it(
+    engine: LlamaCppExecutor, tok: Tokenizer
+) -> None:
+    system = tok.encode("You are a helpful assistant. Answer briefly and precisely.\n")
+    a = system + tok.encode("Question: what is two plus two?\nAnswer:", add_special=False)
+    b = system + tok.encode("Question: name a large animal.\nAnswer:", add_special=False)
+    reference = greedy_alone(engine, 5, b, 8)
+
+    engine.step(StepPlan(slices=(SeqSlice(0, tuple(a), 0, True, "pa"),)))
+    shared = len(system)
+    # seq 1 takes the system prompt's KV from seq 0 and computes only its own question.
+    first = engine.step(
+        StepPlan(
+            kv_ops=(CopyPrefix(src=0, dst=1, n_tokens=shared),),
+            slices=(SeqSlice(1, tuple(b[shared:]), shared, True, "pb"),),
+        )
+    )
+    tokens = [first.outputs[0].token]
+    pos = len(b)
+    while len(tokens) < 8:
+        res = engine.step(StepPlan(slices=(SeqSlice(1, (tokens[-1],), pos, True, "pb"),)))
+        tokens.append(res.outputs[0].token)
+        pos += 1
+    engine.step(StepPlan(release=("pa", "pb")))
+    assert tokens == reference
+
+
+def test_stash_and_restore_continue_with_identical_tokens(
+    engine: LlamaCppExecutor, tok: Tokenizer
+) -> None:
+    prompt = tok.encode("Once upon a time, in a small village,")
+    reference = greedy_alone(engine, 0, prompt, 10)
+
+    res = engine.step(StepPlan(slices=(SeqSlice(2, tuple(prompt), 0, True, "st"),)))
+    tokens = [res.outputs[0].token]
+    pos = len(prompt)
+    for _ in range(4):
+        res = engine.step(StepPlan(slices=(SeqSlice(2, (tokens[-1],), pos, True, "st"),)))
+        tokens.append(res.outputs[0].token)
+        pos += 1
+    stashed = engine.step(StepPlan(kv_ops=(Stash(seq=2, key="st"),)))
+    assert stashed.stashed[0].key == "st"
+    assert stashed.stashed[0].n_bytes >= pos * engine.info.kv_bytes_per_token
+    assert engine.memory_stats().n_stashes == 1
+    # Another sequence uses the engine meanwhile; then the stash comes back in another slot.
+    greedy_alone(engine, 2, tok.encode("Something else entirely"), 3)
+    engine.step(StepPlan(kv_ops=(Restore(seq=6, key="st"),)))
+    assert engine.memory_stats().n_stashes == 0
+    while len(tokens) < 10:
+        res = engine.step(StepPlan(slices=(SeqSlice(6, (tokens[-1],), pos, True, "st"),)))
+        tokens.append(res.outputs[0].token)
+        pos += 1
+    engine.step(StepPlan(release=("st",)))
+    assert tokens == reference
+
+
+@pytest.mark.parametrize(
+    ("plan", "message"),
+    [
+        (StepPlan(slices=(SeqSlice(N_SEQ, (1, 2), 0),)), "unknown sequence"),
+        (StepPlan(slices=(SeqSlice(0, (1, 2), 5),)), "starts at position 5"),
+        (StepPlan(slices=(SeqSlice(0, tuple(range(1, 300)), 0),)), "over n_batch"),
+        (StepPlan(slices=(SeqSlice(0, (1, 2), 2047),)), "overflows the context"),
+        (StepPlan(slices=(SeqSlice(0, (10**7,), 0),)), "out of range"),
+        (StepPlan(kv_ops=(CopyPrefix(0, 1, 4),)), "copy of 4 tokens"),
+        (StepPlan(kv_ops=(Restore(0, "nope"),)), "no stash"),
+        (StepPlan(kv_ops=(DropStash("nope"),)), "no stash"),
+    ],
+)
+def test_bad_input_is_refused_and_the_worker_survives(
+    engine: LlamaCppExecutor, plan: StepPlan, message: str
+) -> None:
+    pid = engine.pid
+    with pytest.raises(EngineInputError, match=message):
+        engine.step(plan)
+    assert engine.pid == pid
+    assert engine.memory_stats().sequences == ()
+    assert len(greedy_alone(engine, 0, [1, 2, 3], 2)) == 2
+
+
+def test_the_worker_defends_itself_when_the_callers_check_is_bypassed(
+    engine: LlamaCppExecutor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(engine._mirror, "check", lambda plan: None)
+    with pytest.raises(EngineInputError, match="unknown sequence"):
+        engine.step(StepPlan(slices=(SeqSlice(99, (1,), 0),)))
+    with pytest.raises(EngineInputError, match="over n_batch"):
+        engine.step(StepPlan(slices=(SeqSlice(0, tuple(range(1, 300)), 0),)))
+    monkeypatch.undo()
+    assert len(greedy_alone(engine, 0, [1, 2, 3], 2)) == 2
+
+
+def test_a_grammar_that_does_not_parse_is_refused(engine: LlamaCppExecutor) -> None:
+    bad = SamplingParams(grammar="root ::= (((")
+    with pytest.raises(EngineInputError, match="grammar"):
+        engine.step(StepPlan(slices=(SeqSlice(0, (1, 2), 0, True, "g", bad),)))
+    assert engine.memory_stats().sequences == ()
+
+
+def test_json_grammar_constrains_the_output(engine: LlamaCppExecutor, tok: Tokenizer) -> None:
+    prompt = tok.encode_chat(
+        [
+            {
+                "role": "user",
+                "content": "Reply with a JSON object with keys name and age for Bob, who is 30.",
+            }
+        ]
+    )
+    params = SamplingParams(temperature=0.0, grammar=json_object_grammar())
+    res = engine.step(StepPlan(slices=(SeqSlice(0, tuple(prompt), 0, True, "j", params),)))
+    tokens = [res.outputs[0].token]
+    pos = len(prompt)
+    while tokens[-1] not in engine.info.eog_tokens and len(tokens) < 60:
+        res = engine.step(StepPlan(slices=(SeqSlice(0, (tokens[-1],), pos, True, "j", params),)))
+        tokens.append(res.outputs[0].token)
+        pos += 1
+    engine.step(StepPlan(release=("j",)))
+    assert tokens[-1] in engine.info.eog_tokens, "the grammar must let the object end"
+    assert isinstance(json.loads(tok.decode(tokens[:-1])), dict)
+
+
+def test_seeded_sampling_repeats_and_logprobs_are_reported(engine: LlamaCppExecutor) -> None:
+    params = SamplingParams(temperature=1.0, top_p=0.95, seed=1234, logprobs=3)
+
+    def run(owner: str) -> list[tuple[int, float | None]]:
+        res = engine.step(StepPlan(slices=(SeqSlice(0, (1, 504, 3458), 0, True, owner, params),)))
+        out = [res.outputs[0]]
+        for i in range(5):
+            res = engine.step(
+                StepPlan(slices=(SeqSlice(0, (out[-1].token,), 3 + i, True, owner, params),))
+            )
+            out.append(res.outputs[0])
+        engine.step(StepPlan(kv_ops=(Truncate(0),), release=(owner,)))
+        for o in out:
+            assert len(o.top_logprobs) == 3
+            assert o.logprob is not None and o.logprob <= 0.0
+            assert o.top_logprobs[0].logprob >= o.top_logprobs[1].logprob
+        return [(o.token, o.logprob) for o in out]
+
+    assert run("s1") == run("s2")
+
+
+def test_ignore_eos_never_samples_an_end_token(engine: LlamaCppExecutor, tok: Tokenizer) -> None:
+    # An empty-ish chat turn makes the model want to stop at once; it may not.
+    prompt = tok.encode_chat([{"role": "user", "content": "Say nothing."}])
+    prompt += tok.encode("OK.", add_special=False)
+    params = SamplingParams(temperature=0.0, ignore_eos=True)
+    res = engine.step(StepPlan(slices=(SeqSlice(0, tuple(prompt), 0, True, "e", params),)))
+    tokens = [res.outputs[0].token]
+    for i in range(20):
+        res = engine.step(
+            StepPlan(slices=(SeqSlice(0, (tokens[-1],), len(prompt) + i, True, "e", params),))
+        )
+        tokens.append(res.outputs[0].token)
+    engine.step(StepPlan(release=("e",)))
+    assert not set(tokens) & set(engine.info.eog_tokens)
+
+
+def test_killed_worker_is_a_typed_error_then_a_fresh_worker_works(
+    model_path: Path,
+) -> None:
+    config = EngineConfig(
+        model_path=str(model_path),
+        n_ctx=1024,
+        n_seq_max=4,
+        n_batch=512,
+        threads=2,
+        step_timeout_s=30,
+    )
+    with LlamaCppExecutor.start(config) as ex:
+        ex.step(StepPlan(slices=(SeqSlice(1, (1, 2, 3), 0, True, "k"),)))
+        ex.step(StepPlan(kv_ops=(Stash(1, "kept"),)))
+        ex.step(StepPlan(slices=(SeqSlice(2, (1, 2, 3), 0, True, "k2"),)))
+        pid = ex.pid
+        assert pid is not None
+        # Kill it while a long prefill is running.
+        killer = threading.Timer(0.05, os.kill, (pid, signal.SIGKILL))
+        killer.start()
+        with pytest.raises(EngineDied) as caught:
+            for _ in range(20):
+                ex.step(StepPlan(slices=(SeqSlice(3, tuple(range(1, 500)), 0),)))
+                ex.step(StepPlan(kv_ops=(Truncate(3),)))
+        killer.join()
+        assert caught.value.held_seqs >= {2}
+        assert caught.value.exit_code == -signal.SIGKILL
+        with pytest.raises(EngineDied):
+            ex.step(StepPlan(slices=(SeqSlice(0, (1,), 0),)))
+        ex.restart()
+        assert ex.pid != pid
+        assert ex.memory_stats().sequences == ()
+        assert ex.memory_stats().n_stashes == 1  # the stash outlived the worker
+        ex.step(StepPlan(kv_ops=(Restore(0, "kept"),)))
+        res = ex.step(StepPlan(slices=(SeqSlice(0, (42,), 3, True, "k"),)))
+        assert len(res.outputs) == 1
+
+
+def test_a_hung_worker_is_detected_by_the_timeout(model_path: Path) -> None:
+    config = EngineConfig(
+        model_path=str(model_path),
+        n_ctx=512,
+        n_seq_max=2,
+        n_batch=64,
+        threads=1,
+        step_timeout_s=0.5,
+    )
+    with LlamaCppExecutor.start(config) as ex:
+        pid = ex.pid
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)
+        with pytest.raises(EngineHung):
+            ex.step(StepPlan(slices=(SeqSlice(0, (1, 2), 0, True, "h"),)))
+        ex.restart()
+        assert len(ex.step(StepPlan(slices=(SeqSlice(0, (1, 2), 0, True, "h"),))).outputs) == 1
