@@ -72,6 +72,14 @@ class Settings(BaseSettings):
     step_timeout_s: float = Field(default=60.0, gt=0, description="a step slower is a hang")
     database_url: str = "sqlite+aiosqlite:///quanta.db"
     policy: str = "fcfs"
+    max_running: int = Field(default=16, ge=1, description="choices running at once")
+    block_size: int = Field(default=16, ge=1, description="tokens per KV block")
+    prefix_cache: bool = Field(default=True, description="share cached prompt prefixes")
+    grace_s: float = Field(
+        default=30.0, ge=0, description="on SIGINT/SIGTERM: how long in-flight requests may finish"
+    )
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024, description="larger is a 413")
+    log_level: str = "info"
 
     @field_validator("model_path")
     @classmethod

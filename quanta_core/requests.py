@@ -1,9 +1,9 @@
 """What the web layer hands the core, and what it gets back.
 
-    handle = driver.submit(GenerationRequest(...))
-    async for event in handle:          # TokenEvent | ChoiceFinished, in order per choice
-        ...
-    results = await handle.results()    # one ChoiceResult per choice, index order
+handle = driver.submit(GenerationRequest(...))
+async for event in handle:          # TokenEvent | ChoiceFinished, in order per choice
+    ...
+results = await handle.results()    # one ChoiceResult per choice, index order
 """
 
 from __future__ import annotations

@@ -334,3 +334,20 @@ def test_a_hung_worker_is_detected_by_the_timeout(model_path: Path) -> None:
             ex.step(StepPlan(slices=(SeqSlice(0, (1, 2), 0, True, "h"),)))
         ex.restart()
         assert len(ex.step(StepPlan(slices=(SeqSlice(0, (1, 2), 0, True, "h"),))).outputs) == 1
+
+
+def test_penalties_change_a_repetitive_greedy_answer(
+    engine: LlamaCppExecutor, tok: Tokenizer
+) -> None:
+    prompt = tok.encode("one one one one one one one one one one one")
+    plain = greedy_alone(engine, 0, prompt, 6)
+    penalised = SamplingParams(temperature=0.0, frequency_penalty=2.0, presence_penalty=1.0)
+    res = engine.step(StepPlan(slices=(SeqSlice(0, tuple(prompt), 0, True, "p", penalised),)))
+    tokens = [res.outputs[0].token]
+    for i in range(5):
+        nxt = SeqSlice(0, (tokens[-1],), len(prompt) + i, True, "p", penalised)
+        tokens.append(engine.step(StepPlan(slices=(nxt,))).outputs[0].token)
+    engine.step(StepPlan(release=("p",)))
+    assert plain.count(plain[0]) == 3  # the plain answer repeats itself...
+    assert tokens[:4] == plain[:4]
+    assert tokens[4:] != plain[4:]  # ...until the penalty has grown larger than the lead

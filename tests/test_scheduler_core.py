@@ -189,3 +189,13 @@ def test_without_a_unified_kv_buffer_nothing_is_shared() -> None:
     # each stream is n_ctx / n_seq_max = 64 cells: 40 + 24 tokens fill it
     assert [h.results()["b", i].completion_tokens for i in range(2)] == [24, 24]
     assert h.results()["b", 0].finish_reason is FinishReason.LENGTH
+
+
+def test_choices_of_a_seeded_request_draw_with_distinct_seeds() -> None:
+    from quanta_core.engine.types import SamplingParams
+
+    h = Harness.make()
+    h.submit("s", prompt(8), 2, sampling=SamplingParams(seed=7), n=3)
+    h.run()
+    seeds = {s.owner: s.sampling.seed for p in h.plans for s in p.slices}
+    assert seeds == {"s/0": 7, "s/1": 8, "s/2": 9}

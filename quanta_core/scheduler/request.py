@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
+import msgspec
+
 from quanta_core.engine.types import SamplingParams, SeqOutput, TopLogprob
 from quanta_core.requests import (
     ChoiceResult,
@@ -87,7 +89,7 @@ class Request:
                 tokens=list(req.prompt_tokens),
                 prompt_len=len(req.prompt_tokens),
                 max_tokens=req.max_tokens,
-                sampling=req.sampling,
+                sampling=_choice_sampling(req.sampling, i),
                 tenant=req.tenant,
                 slo_class=req.slo_class,
                 weight=req.weight,
@@ -148,3 +150,11 @@ class Request:
             error=self.error,
             token_times=tuple(self.token_times),
         )
+
+
+def _choice_sampling(sampling: SamplingParams, index: int) -> SamplingParams:
+    """Choice ``i`` of a seeded request draws with ``seed + i``: the same request repeats
+    exactly, and its choices still differ from each other."""
+    if sampling.seed is None or index == 0:
+        return sampling
+    return msgspec.structs.replace(sampling, seed=(sampling.seed + index) & 0xFFFFFFFF)

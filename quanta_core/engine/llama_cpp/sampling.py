@@ -44,7 +44,11 @@ def build_chain(n_vocab: int, eog: Iterable[int], params: SamplingParams) -> Any
         add(
             chain,
             llama_cpp.llama_sampler_init_penalties(
-                params.penalty_last_n, 1.0, params.frequency_penalty, params.presence_penalty
+                n_vocab,
+                params.penalty_last_n,
+                1.0,
+                params.frequency_penalty,
+                params.presence_penalty,
             ),
         )
     if params.greedy:

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible surface: schemas, validation, streaming and routes."""

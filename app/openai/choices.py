@@ -1,0 +1,111 @@
+"""One choice's text as the client sees it: detokenized, cut at stop strings, with logprobs.
+
+A token's logprob entry is released together with the last character of its text, so text
+held back at a possible stop string holds back its logprobs too; tokens past a stop string
+are never shown.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from app.openai.stop import StopMatcher
+from quanta_core.requests import TokenEvent
+
+
+class Detokenizer(Protocol):
+    def push(self, token: int) -> str: ...
+
+    def flush(self) -> str: ...
+
+
+class TokenText(Protocol):
+    def token_bytes(self, token: int) -> bytes: ...
+
+
+@dataclass(frozen=True, slots=True)
+class TokenAlternative:
+    token: str
+    bytes: bytes
+    logprob: float
+
+
+@dataclass(frozen=True, slots=True)
+class LogprobEntry:
+    token: str
+    bytes: bytes
+    logprob: float
+    top: tuple[TokenAlternative, ...]
+    offset: int  # where its text starts in the choice's output
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    text: str
+    logprobs: tuple[LogprobEntry, ...]
+
+
+@dataclass
+class ChoiceText:
+    detokenizer: Detokenizer
+    stop: StopMatcher
+    vocab: TokenText
+    want_logprobs: bool = False
+    n_tokens: int = 0  # tokens consumed (up to and including the one completing a stop)
+    _produced: int = 0  # characters decoded so far, held back or not
+    _released: int = 0
+    _pending: deque[tuple[int, int, LogprobEntry]] = field(default_factory=deque)
+
+    @property
+    def stopped(self) -> bool:
+        return self.stop.stopped
+
+    def push(self, event: TokenEvent) -> Piece:
+        if self.stopped:
+            return Piece("", ())
+        self.n_tokens += 1
+        text = self.detokenizer.push(event.token)
+        if self.want_logprobs:
+            start, self._produced = self._produced, self._produced + len(text)
+            self._pending.append((start, self._produced, self._entry(event, start)))
+        return self._release(self.stop.push(text))
+
+    def finish(self) -> Piece:
+        """The end of generation: whatever was held back (unless a stop string matched)."""
+        if self.stopped:
+            return Piece("", ())
+        tail = self.detokenizer.flush()
+        self._produced += len(tail)
+        text = self.stop.push(tail)
+        return self._release(text + self.stop.flush(), everything=not self.stopped)
+
+    def _release(self, text: str, *, everything: bool = False) -> Piece:
+        self._released += len(text)
+        out: list[LogprobEntry] = []
+        while self._pending:
+            start, end, entry = self._pending[0]
+            shown = end <= self._released or everything
+            if self.stopped:  # a token is shown if any of its text was
+                shown = shown or start < self._released
+            if not shown:
+                break
+            out.append(entry)
+            self._pending.popleft()
+        if self.stopped:
+            self._pending.clear()
+        return Piece(text, tuple(out))
+
+    def _entry(self, event: TokenEvent, offset: int) -> LogprobEntry:
+        raw = self.vocab.token_bytes(event.token)
+        top = tuple(
+            TokenAlternative(_text(b := self.vocab.token_bytes(t.token)), b, t.logprob)
+            for t in event.top_logprobs
+        )
+        logprob = event.logprob if event.logprob is not None else 0.0
+        return LogprobEntry(_text(raw), raw, logprob, top, offset)
+
+
+def _text(raw: bytes) -> str:
+    return raw.decode("utf-8", errors="replace")

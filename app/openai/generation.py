@@ -1,0 +1,157 @@
+"""One request's run through the core, as a sequence of per-choice updates.
+
+    submit ─▶ TokenEvent ─▶ ChoiceText (detokenize, stop strings, logprobs) ─▶ Update(text)
+              ChoiceFinished ───────────────────────────────────────────────▶ Update(finish)
+
+A stop string ends its choice at once for the client; the core's request is cancelled when
+every choice has stopped or finished (the core cancels a request, not a choice). Leaving the
+iteration early (a client gone, an error) cancels the request and frees its KV.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Literal
+
+from app.context import RequestContext
+from app.core import Core
+from app.errors import ApiError, GenerationFailed, Overloaded
+from app.metrics import Metrics
+from app.openai.choices import ChoiceText, Piece
+from app.openai.sampling import Plan
+from app.openai.schemas import PromptTokensDetails, ServerTiming, Usage
+from app.openai.stop import StopMatcher
+from quanta_core.requests import (
+    ChoiceResult,
+    FinishReason,
+    GenerationRequest,
+    TokenEvent,
+)
+
+Finish = Literal["stop", "length"]
+
+
+@dataclass(frozen=True, slots=True)
+class Update:
+    index: int
+    piece: Piece
+    finish_reason: Finish | None = None
+    timing: ServerTiming | None = None
+
+
+class Generation:
+    def __init__(
+        self,
+        core: Core,
+        plan: Plan,
+        n: int,
+        ctx: RequestContext,
+        metrics: Metrics,
+        *,
+        logprobs: bool,
+    ) -> None:
+        self._core = core
+        self._ctx = ctx
+        self._metrics = metrics
+        self.prompt_tokens = len(plan.prompt_tokens)
+        self._choices = [
+            ChoiceText(
+                core.tokenizer.detokenizer(), StopMatcher(plan.stops), core.tokenizer, logprobs
+            )
+            for _ in range(n)
+        ]
+        self._results: dict[int, ChoiceResult] = {}
+        self._cancelled = False
+        self._request = GenerationRequest(
+            request_id=ctx.request_id,
+            prompt_tokens=plan.prompt_tokens,
+            max_tokens=plan.max_tokens,
+            sampling=plan.sampling,
+            n=n,
+            tenant=ctx.tenant,
+            slo_class=ctx.slo_class,
+            weight=ctx.weight,
+        )
+
+    @property
+    def finished(self) -> bool:
+        return len(self._results) == len(self._choices)
+
+    async def updates(self) -> AsyncIterator[Update]:
+        handle = self._core.driver.submit(self._request)
+        try:
+            async for event in handle:
+                if isinstance(event, TokenEvent):
+                    choice = self._choices[event.index]
+                    if choice.stopped:
+                        continue
+                    piece = choice.push(event)
+                    if choice.stopped:
+                        self._cancel_when_all_stopped()
+                    if piece.text or piece.logprobs:
+                        yield Update(event.index, piece)
+                else:
+                    yield self._finish(event.result)
+        finally:
+            if not self.finished:
+                self.cancel()
+
+    def cancel(self) -> None:
+        if not self._cancelled:
+            self._cancelled = True
+            self._core.driver.cancel(self._ctx.request_id)
+
+    def usage(self) -> Usage:
+        completion = sum(self._completion_tokens(i) for i in range(len(self._choices)))
+        cached = max((r.cached_tokens for r in self._results.values()), default=0)
+        return Usage(
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=completion,
+            total_tokens=self.prompt_tokens + completion,
+            prompt_tokens_details=PromptTokensDetails(cached_tokens=cached),
+        )
+
+    def _completion_tokens(self, index: int) -> int:
+        choice, result = self._choices[index], self._results.get(index)
+        if choice.stopped or result is None:
+            return choice.n_tokens
+        return result.completion_tokens
+
+    def _cancel_when_all_stopped(self) -> None:
+        if all(c.stopped or i in self._results for i, c in enumerate(self._choices)):
+            self.cancel()
+
+    def _finish(self, result: ChoiceResult) -> Update:
+        self._results[result.index] = result
+        self._metrics.observe(result, self._ctx.tenant, self._ctx.slo_class.value)
+        choice = self._choices[result.index]
+        reason: Finish
+        if choice.stopped:
+            reason, piece = "stop", Piece("", ())
+        elif result.finish_reason in (FinishReason.STOP, FinishReason.LENGTH):
+            piece = choice.finish()
+            reason = "stop" if choice.stopped else result.finish_reason.value  # type: ignore[assignment]
+        else:
+            raise _failure(result)
+        return Update(result.index, piece, reason, _timing(result))
+
+
+def _timing(result: ChoiceResult) -> ServerTiming:
+    t = result.timings
+    return ServerTiming(
+        queue_s=t.queue_s,
+        prefill_s=t.prefill_s,
+        e2e_s=None if t.finished is None else t.finished - t.arrival,
+        preemptions=result.preemptions,
+        cached_tokens=result.cached_tokens,
+    )
+
+
+def _failure(result: ChoiceResult) -> ApiError:
+    why = result.error or result.finish_reason.value
+    if result.finish_reason is FinishReason.REJECTED:
+        return Overloaded(f"the request was not admitted: {why}")
+    if result.finish_reason is FinishReason.CANCELLED:
+        return Overloaded(f"the request was cancelled by the server: {why}")
+    return GenerationFailed(f"generation failed: {why}")

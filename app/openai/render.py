@@ -1,0 +1,198 @@
+"""Updates rendered in OpenAI's two dialects: chat (``chat.completion[.chunk]``) and legacy
+completions (``text_completion``), whole or as stream chunks."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import msgspec
+
+from app.openai.choices import LogprobEntry
+from app.openai.generation import Finish, Update
+from app.openai.schemas import (
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatLogprobs,
+    ChatMessageOut,
+    Completion,
+    CompletionChoice,
+    CompletionLogprobs,
+    Delta,
+    ServerTiming,
+    TokenLogprob,
+    TopLogprobOut,
+    Usage,
+)
+
+
+@dataclass
+class Collected:
+    """One choice, accumulated for a non-streaming response."""
+
+    text: list[str] = field(default_factory=list)
+    logprobs: list[LogprobEntry] = field(default_factory=list)
+    finish_reason: Finish = "length"
+    timing: ServerTiming | None = None
+
+    def add(self, update: Update) -> None:
+        self.text.append(update.piece.text)
+        self.logprobs.extend(update.piece.logprobs)
+        if update.finish_reason is not None:
+            self.finish_reason = update.finish_reason
+            self.timing = update.timing
+
+
+@dataclass(frozen=True, slots=True)
+class Header:
+    id: str
+    created: int
+    model: str
+    n: int
+    logprobs: bool
+
+
+class Renderer(Protocol):
+    def opening(self) -> list[msgspec.Struct]: ...
+
+    def chunks(self, update: Update) -> list[msgspec.Struct]: ...
+
+    def usage_chunk(self, usage: Usage) -> msgspec.Struct: ...
+
+    def whole(self, choices: Sequence[Collected], usage: Usage) -> msgspec.Struct: ...
+
+
+def _timing(timing: ServerTiming | None) -> ServerTiming | msgspec.UnsetType:
+    return msgspec.UNSET if timing is None else timing
+
+
+@dataclass(frozen=True, slots=True)
+class ChatRenderer:
+    head: Header
+
+    def _chunk(self, choices: list[ChatChunkChoice]) -> ChatCompletionChunk:
+        h = self.head
+        return ChatCompletionChunk(id=h.id, created=h.created, model=h.model, choices=choices)
+
+    def _logprobs(self, entries: Sequence[LogprobEntry]) -> ChatLogprobs | None:
+        return chat_logprobs(entries) if self.head.logprobs else None
+
+    def opening(self) -> list[msgspec.Struct]:
+        return [
+            self._chunk([ChatChunkChoice(i, Delta(role="assistant", content=""), None, None)])
+            for i in range(self.head.n)
+        ]
+
+    def chunks(self, update: Update) -> list[msgspec.Struct]:
+        out: list[msgspec.Struct] = []
+        piece = update.piece
+        if piece.text or piece.logprobs:
+            delta = Delta(content=piece.text)
+            out.append(
+                self._chunk(
+                    [ChatChunkChoice(update.index, delta, self._logprobs(piece.logprobs), None)]
+                )
+            )
+        if update.finish_reason is not None:
+            done = ChatChunkChoice(
+                update.index, Delta(), None, update.finish_reason, _timing(update.timing)
+            )
+            out.append(self._chunk([done]))
+        return out
+
+    def usage_chunk(self, usage: Usage) -> msgspec.Struct:
+        chunk = self._chunk([])
+        chunk.usage = usage
+        return chunk
+
+    def whole(self, choices: Sequence[Collected], usage: Usage) -> msgspec.Struct:
+        h = self.head
+        return ChatCompletion(
+            id=h.id,
+            created=h.created,
+            model=h.model,
+            usage=usage,
+            choices=[
+                ChatChoice(
+                    index=i,
+                    message=ChatMessageOut(role="assistant", content="".join(c.text)),
+                    logprobs=self._logprobs(c.logprobs),
+                    finish_reason=c.finish_reason,
+                    quanta=_timing(c.timing),
+                )
+                for i, c in enumerate(choices)
+            ],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionRenderer:
+    head: Header
+
+    def _chunk(self, choices: list[CompletionChoice]) -> Completion:
+        h = self.head
+        return Completion(id=h.id, created=h.created, model=h.model, choices=choices)
+
+    def _logprobs(self, entries: Sequence[LogprobEntry]) -> CompletionLogprobs | None:
+        return completion_logprobs(entries) if self.head.logprobs else None
+
+    def opening(self) -> list[msgspec.Struct]:
+        return []
+
+    def chunks(self, update: Update) -> list[msgspec.Struct]:
+        piece = update.piece
+        choice = CompletionChoice(
+            update.index,
+            piece.text,
+            self._logprobs(piece.logprobs),
+            update.finish_reason,
+            _timing(update.timing),
+        )
+        return [self._chunk([choice])]
+
+    def usage_chunk(self, usage: Usage) -> msgspec.Struct:
+        chunk = self._chunk([])
+        chunk.usage = usage
+        return chunk
+
+    def whole(self, choices: Sequence[Collected], usage: Usage) -> msgspec.Struct:
+        chunk = self._chunk(
+            [
+                CompletionChoice(
+                    i,
+                    "".join(c.text),
+                    self._logprobs(c.logprobs),
+                    c.finish_reason,
+                    _timing(c.timing),
+                )
+                for i, c in enumerate(choices)
+            ]
+        )
+        chunk.usage = usage
+        return chunk
+
+
+def chat_logprobs(entries: Sequence[LogprobEntry]) -> ChatLogprobs:
+    return ChatLogprobs(
+        content=[
+            TokenLogprob(
+                token=e.token,
+                logprob=e.logprob,
+                bytes=list(e.bytes),
+                top_logprobs=[TopLogprobOut(t.token, t.logprob, list(t.bytes)) for t in e.top],
+            )
+            for e in entries
+        ]
+    )
+
+
+def completion_logprobs(entries: Sequence[LogprobEntry]) -> CompletionLogprobs:
+    return CompletionLogprobs(
+        tokens=[e.token for e in entries],
+        token_logprobs=[e.logprob for e in entries],
+        top_logprobs=[{t.token: t.logprob for t in e.top} for e in entries],
+        text_offset=[e.offset for e in entries],
+    )

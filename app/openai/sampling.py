@@ -1,0 +1,171 @@
+"""From an OpenAI request to the core's terms: prompt tokens, a token budget, a sampler chain.
+
+Everything here is a pure function of the request and the model's few facts, so it is
+tested without a model; every rejection names the parameter at fault.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from app.errors import ContextLengthExceeded, InvalidParameter, UnsupportedParameter
+from app.openai.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    ResponseFormat,
+)
+from quanta_core.engine.types import SamplingParams
+
+SEED_MASK = 0xFFFFFFFF  # llama.cpp seeds are 32-bit
+
+
+class Grammars(Protocol):
+    """Compiles ``response_format`` into GBNF (llama.cpp's converter lives in the core)."""
+
+    def json_object(self) -> str: ...
+
+    def json_schema(self, schema: dict[str, Any]) -> str: ...
+
+
+class PromptTokenizer(Protocol):
+    n_vocab: int
+
+    def encode(
+        self, text: str, *, add_special: bool = True, parse_special: bool = False
+    ) -> list[int]: ...
+
+    def encode_chat(self, messages: Sequence[Mapping[str, Any]]) -> list[int]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """One OpenAI request in the core's terms."""
+
+    prompt_tokens: tuple[int, ...]
+    max_tokens: int
+    sampling: SamplingParams
+    stops: tuple[str, ...]
+
+
+def check_stream_options(request: ChatCompletionRequest | CompletionRequest) -> None:
+    if request.stream_options is not None and not request.stream:
+        raise InvalidParameter(
+            "stream_options", "stream_options is only allowed when 'stream' is true"
+        )
+
+
+def chat_plan(
+    request: ChatCompletionRequest, tokenizer: PromptTokenizer, grammars: Grammars, n_ctx: int
+) -> Plan:
+    check_stream_options(request)
+    if request.top_logprobs is not None and not request.logprobs:
+        raise InvalidParameter("top_logprobs", "top_logprobs requires 'logprobs' to be true")
+    messages = [
+        {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+        for m in request.messages
+    ]
+    try:
+        prompt = tokenizer.encode_chat(messages)
+    except ValueError as exc:  # ChatTemplateError: the model's template refused the messages
+        raise InvalidParameter("messages", f"the chat template failed: {exc}") from exc
+    wanted = request.max_completion_tokens or request.max_tokens
+    logprobs = (request.top_logprobs or 0) if request.logprobs else None
+    return _plan(request, prompt, wanted, "messages", logprobs, tokenizer, grammars, n_ctx)
+
+
+def completion_plan(
+    request: CompletionRequest, tokenizer: PromptTokenizer, grammars: Grammars, n_ctx: int
+) -> Plan:
+    check_stream_options(request)
+    prompt = completion_prompt(request.prompt, tokenizer)
+    return _plan(
+        request, prompt, request.max_tokens, "prompt", request.logprobs, tokenizer, grammars, n_ctx
+    )
+
+
+def completion_prompt(
+    prompt: str | list[str | int | list[int]], tokenizer: PromptTokenizer
+) -> list[int]:
+    one: str | list[Any] = prompt
+    if isinstance(prompt, list) and not all(isinstance(p, int) for p in prompt):
+        if len(prompt) != 1 or isinstance(prompt[0], int):
+            raise UnsupportedParameter("prompt", "send one prompt per request, not a batch")
+        one = prompt[0]  # type: ignore[assignment]
+    if isinstance(one, str):
+        tokens = tokenizer.encode(one, add_special=True)
+    else:
+        tokens = [int(t) for t in one]
+        if any(t >= tokenizer.n_vocab for t in tokens):
+            raise InvalidParameter("prompt", f"token ids must be below {tokenizer.n_vocab}")
+    if not tokens:
+        raise InvalidParameter("prompt", "the prompt is empty")
+    return tokens
+
+
+def _plan(
+    request: ChatCompletionRequest | CompletionRequest,
+    prompt: list[int],
+    wanted: int | None,
+    prompt_param: str,
+    logprobs: int | None,
+    tokenizer: PromptTokenizer,
+    grammars: Grammars,
+    n_ctx: int,
+) -> Plan:
+    # No budget given: whatever the context leaves (as vLLM does).
+    max_tokens = wanted if wanted is not None else n_ctx - len(prompt)
+    if len(prompt) + max(max_tokens, 1) > n_ctx:
+        raise ContextLengthExceeded(n_ctx, len(prompt), max(max_tokens, 0), prompt_param)
+    sampling = SamplingParams(
+        temperature=1.0 if request.temperature is None else request.temperature,
+        top_p=1.0 if request.top_p is None else request.top_p,
+        seed=None if request.seed is None else request.seed & SEED_MASK,
+        presence_penalty=request.presence_penalty or 0.0,
+        frequency_penalty=request.frequency_penalty or 0.0,
+        logit_bias=logit_bias(request.logit_bias, tokenizer.n_vocab),
+        grammar=grammar(request.response_format, grammars),
+        ignore_eos=request.ignore_eos,
+        logprobs=logprobs,
+    )
+    return Plan(tuple(prompt), max_tokens, sampling, tuple(request.stop_strings()))
+
+
+def logit_bias(bias: Mapping[str, float] | None, n_vocab: int) -> tuple[tuple[int, float], ...]:
+    if not bias:
+        return ()
+    pairs = []
+    for key, value in bias.items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise InvalidParameter(
+                "logit_bias", f"logit_bias keys must be token ids, got {key!r}"
+            ) from None
+        if not 0 <= token < n_vocab:
+            raise InvalidParameter("logit_bias", f"token id {token} is outside [0, {n_vocab})")
+        pairs.append((token, float(value)))
+    return tuple(sorted(pairs))
+
+
+def grammar(response_format: ResponseFormat | None, grammars: Grammars) -> str | None:
+    if response_format is None or response_format.type == "text":
+        return None
+    if response_format.type == "json_object":
+        return grammars.json_object()
+    spec = response_format.json_schema
+    if spec is None or not spec.schema_:
+        raise InvalidParameter(
+            "response_format.json_schema", "json_schema needs a 'json_schema' with a 'schema'"
+        )
+    return _compile(lambda: grammars.json_schema(spec.schema_))
+
+
+def _compile(make: Callable[[], str]) -> str:
+    try:
+        return make()
+    except (ValueError, TypeError, KeyError, NotImplementedError, RecursionError) as exc:
+        raise InvalidParameter(
+            "response_format.json_schema", f"the JSON schema cannot be enforced: {exc}"
+        ) from exc

@@ -1,0 +1,247 @@
+"""OpenAI's request and response bodies as msgspec structs.
+
+Requests are strict: an unknown field is a 400 naming it, never silently ignored. Responses
+carry one extension, ``quanta`` on a finished choice: the server's split of its latency.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import UNSET, Meta, UnsetType
+
+PositiveInt = Annotated[int, Meta(ge=1)]
+Temperature = Annotated[float, Meta(ge=0.0, le=2.0)]
+TopP = Annotated[float, Meta(gt=0.0, le=1.0)]
+Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]
+StopString = Annotated[str, Meta(min_length=1)]
+Stop = StopString | Annotated[list[StopString], Meta(max_length=16)]
+Choices = Annotated[int, Meta(ge=1, le=16)]
+
+
+class _Request(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    pass
+
+
+# ---- requests ----
+
+
+class TextPart(_Request, kw_only=True, tag_field="type", tag="text"):
+    text: str
+
+
+class ChatMessageIn(_Request, kw_only=True):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class StreamOptions(_Request, kw_only=True):
+    include_usage: bool = False
+
+
+class JsonSchemaSpec(_Request, kw_only=True):
+    name: str
+    schema_: dict[str, Any] = msgspec.field(default_factory=dict, name="schema")
+    description: str | None = None
+    strict: bool | None = None
+
+
+class ResponseFormat(_Request, kw_only=True):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaSpec | None = None
+
+
+class _Sampling(_Request, kw_only=True):
+    """The parameters both endpoints share."""
+
+    model: str
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    seed: int | None = None
+    stop: Stop | None = None
+    n: Choices = 1
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    logit_bias: dict[str, Annotated[float, Meta(ge=-100.0, le=100.0)]] | None = None
+    response_format: ResponseFormat | None = None
+    user: str | None = None
+    ignore_eos: bool = False  # vLLM's extension
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+
+    def stop_strings(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+
+class ChatCompletionRequest(_Sampling, kw_only=True):
+    messages: Annotated[list[ChatMessageIn], Meta(min_length=1)]
+    max_tokens: PositiveInt | None = None
+    max_completion_tokens: PositiveInt | None = None
+    logprobs: bool = False
+    top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
+
+
+TokenId = Annotated[int, Meta(ge=0)]
+# One prompt: text, or token ids; a list of one text or one token-id list is accepted too.
+# (msgspec allows one array type per union, so the list's shape is checked in sampling.py.)
+Prompt = str | Annotated[list[str | TokenId | list[TokenId]], Meta(min_length=1)]
+
+
+class CompletionRequest(_Sampling, kw_only=True):
+    prompt: Prompt
+    max_tokens: PositiveInt = 16
+    logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
+
+
+# ---- responses ----
+
+
+class PromptTokensDetails(msgspec.Struct):
+    cached_tokens: int
+
+
+class Usage(msgspec.Struct):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
+
+
+class ServerTiming(msgspec.Struct):
+    """Quanta's extension: where one choice's time went on the server (seconds)."""
+
+    queue_s: float | None
+    prefill_s: float | None
+    e2e_s: float | None
+    preemptions: int
+    cached_tokens: int
+
+
+class TopLogprobOut(msgspec.Struct):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class TokenLogprob(msgspec.Struct):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+    top_logprobs: list[TopLogprobOut]
+
+
+class ChatLogprobs(msgspec.Struct):
+    content: list[TokenLogprob]
+    refusal: None = None
+
+
+class ChatMessageOut(msgspec.Struct):
+    role: Literal["assistant"]
+    content: str
+    refusal: None = None
+
+
+FinishReasonOut = Literal["stop", "length"]
+
+
+class ChatChoice(msgspec.Struct):
+    index: int
+    message: ChatMessageOut
+    logprobs: ChatLogprobs | None
+    finish_reason: FinishReasonOut
+    quanta: ServerTiming | UnsetType = UNSET
+
+
+class ChatCompletion(msgspec.Struct):
+    id: str
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    object: Literal["chat.completion"] = "chat.completion"
+    system_fingerprint: str | None = None
+
+
+class Delta(msgspec.Struct):
+    role: Literal["assistant"] | UnsetType = UNSET
+    content: str | UnsetType = UNSET
+
+
+class ChatChunkChoice(msgspec.Struct):
+    index: int
+    delta: Delta
+    logprobs: ChatLogprobs | None
+    finish_reason: FinishReasonOut | None
+    quanta: ServerTiming | UnsetType = UNSET
+
+
+class ChatCompletionChunk(msgspec.Struct):
+    id: str
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    system_fingerprint: str | None = None
+    usage: Usage | UnsetType | None = UNSET
+
+
+class CompletionLogprobs(msgspec.Struct):
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]] | None
+    text_offset: list[int]
+
+
+class CompletionChoice(msgspec.Struct):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None
+    finish_reason: FinishReasonOut | None
+    quanta: ServerTiming | UnsetType = UNSET
+
+
+class Completion(msgspec.Struct):
+    """Both the whole response and, with ``stream``, each chunk (as OpenAI does)."""
+
+    id: str
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    object: Literal["text_completion"] = "text_completion"
+    system_fingerprint: str | None = None
+    usage: Usage | UnsetType | None = UNSET
+
+
+class ModelCard(msgspec.Struct):
+    id: str
+    created: int
+    owned_by: str
+    object: Literal["model"] = "model"
+    max_model_len: int | None = None
+
+
+class ModelList(msgspec.Struct):
+    data: list[ModelCard]
+    object: Literal["list"] = "list"
+
+
+class ErrorBody(msgspec.Struct):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(msgspec.Struct):
+    error: ErrorBody

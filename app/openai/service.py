@@ -1,0 +1,86 @@
+"""The completions service: validate, plan, run, render. Handlers call only this."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from litestar import Response
+from litestar.response import Stream
+from litestar.types import Receive
+
+from app.context import RequestContext
+from app.core import Core
+from app.errors import ModelNotFound
+from app.metrics import Metrics
+from app.openai.disconnect import unless_disconnected
+from app.openai.generation import Generation, Update
+from app.openai.render import ChatRenderer, Collected, CompletionRenderer, Header, Renderer
+from app.openai.sampling import Plan, chat_plan, completion_plan
+from app.openai.schemas import ChatCompletionRequest, CompletionRequest
+from app.openai.streaming import event_stream
+from app.state import ServerState
+
+SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+
+
+class CompletionService:
+    def __init__(self, state: ServerState, metrics: Metrics) -> None:
+        self._state = state
+        self._metrics = metrics
+
+    def _core(self, model: str) -> Core:
+        core = self._state.ready_core()
+        if model != core.model_name:
+            raise ModelNotFound(model)
+        return core
+
+    async def chat(
+        self, request: ChatCompletionRequest, ctx: RequestContext, receive: Receive
+    ) -> Response[Any]:
+        core = self._core(request.model)
+        plan = chat_plan(request, core.tokenizer, core.grammars, core.n_ctx)
+        head = _header("chatcmpl", ctx, core, request.n, request.logprobs)
+        return await self._run(core, plan, request, ChatRenderer(head), ctx, receive)
+
+    async def complete(
+        self, request: CompletionRequest, ctx: RequestContext, receive: Receive
+    ) -> Response[Any]:
+        core = self._core(request.model)
+        plan = completion_plan(request, core.tokenizer, core.grammars, core.n_ctx)
+        head = _header("cmpl", ctx, core, request.n, request.logprobs is not None)
+        return await self._run(core, plan, request, CompletionRenderer(head), ctx, receive)
+
+    async def _run(
+        self,
+        core: Core,
+        plan: Plan,
+        request: ChatCompletionRequest | CompletionRequest,
+        renderer: Renderer,
+        ctx: RequestContext,
+        receive: Receive,
+    ) -> Response[Any]:
+        logprobs = plan.sampling.logprobs is not None
+        generation = Generation(core, plan, request.n, ctx, self._metrics, logprobs=logprobs)
+        updates = generation.updates()
+        if not request.stream:
+            choices = await unless_disconnected(receive, _collect(updates, request.n))
+            return Response(renderer.whole(choices, generation.usage()))
+        # The first update decides the status: a request refused at admission is an HTTP
+        # error, not a stream that fails.
+        first = await unless_disconnected(receive, anext(updates, None))
+        include_usage = request.stream_options is not None and request.stream_options.include_usage
+        stream = event_stream(generation, updates, first, renderer, include_usage=include_usage)
+        return Stream(stream, media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+def _header(prefix: str, ctx: RequestContext, core: Core, n: int, logprobs: bool) -> Header:
+    return Header(f"{prefix}-{ctx.request_id}", int(time.time()), core.model_name, n, logprobs)
+
+
+async def _collect(updates: AsyncIterator[Update], n: int) -> list[Collected]:
+    choices = [Collected() for _ in range(n)]
+    async for update in updates:
+        choices[update.index].add(update)
+    return choices

@@ -1,0 +1,58 @@
+"""``create_app()``: the whole server, wired in one place."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from litestar import Litestar
+from litestar.datastructures import State
+from litestar.di import Provide
+from litestar.openapi import OpenAPIConfig
+from litestar.openapi.plugins import SwaggerRenderPlugin
+
+from app.core import Core, CoreFactory
+from app.errors import EXCEPTION_HANDLERS
+from app.health import HealthController
+from app.lifecycle import Lifecycle
+from app.metrics import Metrics
+from app.openai.routes import CompletionsController, ModelsController
+from app.request_id import request_id_middleware
+from app.settings import Settings
+from app.state import ServerState
+
+VERSION = "0.1.0"
+
+
+def build_real_core(settings: Settings) -> Core:
+    from app.assemble import build_core  # imports llama.cpp: only when a real core is wanted
+
+    return build_core(settings)
+
+
+def create_app(
+    settings: Settings | None = None, core_factory: CoreFactory | None = None
+) -> Litestar:
+    settings = settings or Settings()
+    state = ServerState()
+    metrics = Metrics(state.stats)
+    lifecycle = Lifecycle(state, settings, core_factory or build_real_core)
+
+    def provide(value: Any) -> Provide:
+        return Provide(lambda: value, use_cache=True, sync_to_thread=False)
+
+    return Litestar(
+        route_handlers=[CompletionsController, ModelsController, HealthController],
+        dependencies={"server": provide(state), "metrics": provide(metrics)},
+        exception_handlers=EXCEPTION_HANDLERS,
+        middleware=[request_id_middleware],
+        lifespan=[lifecycle.lifespan],
+        request_max_body_size=settings.max_body_bytes,
+        openapi_config=OpenAPIConfig(
+            title="Quanta",
+            version=VERSION,
+            description="An OpenAI-compatible LLM inference server with a scheduler core.",
+            path="/docs",
+            render_plugins=[SwaggerRenderPlugin()],
+        ),
+        state=State({"lifecycle": lifecycle}),
+    )

@@ -1,0 +1,62 @@
+"""A real ``quanta run`` process on a free port, for tests that drive it over HTTP."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class ServerProcess:
+    process: subprocess.Popen[bytes]
+    port: int
+    seen_not_ready: bool = False
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def wait_ready(self, timeout_s: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"quanta run exited with {self.process.returncode}")
+            try:
+                status = httpx.get(f"{self.url}/readyz", timeout=1.0).status_code
+            except httpx.TransportError:
+                status = None
+            if status == 200:
+                return
+            if status == 503:
+                self.seen_not_ready = True
+            time.sleep(0.05)
+        raise TimeoutError("quanta run did not become ready")
+
+    def stop(self, timeout_s: float = 30.0) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout_s)
+
+
+def start_server(*flags: str) -> ServerProcess:
+    port = free_port()
+    env = {**os.environ, "QUANTA_CONFIG": "/nonexistent/quanta.toml", "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, "-m", "app.cli", "run", "--port", str(port), *flags]
+    process = subprocess.Popen(command, cwd=ROOT, env=env)
+    return ServerProcess(process, port)
