@@ -8,23 +8,19 @@ Prints a table and writes ``bench/results/engine.json``:
     single-sequence decode step (target: under 2%),
   - stash / restore time per 1,000 tokens.
 
-    .venv/bin/python scripts/bench_engine.py [--quick] [--threads N] [--out FILE]
+    .venv/bin/python -m scripts.bench_engine [--quick] [--threads N] [--out FILE]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import random
 import statistics
 import time
-from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
@@ -32,8 +28,7 @@ from app.settings import default_model_path
 from quanta_core.engine import Restore, SeqSlice, Stash, StepPlan, Truncate
 from quanta_core.engine.config import EngineConfig
 from quanta_core.engine.llama_cpp.executor import LlamaCppExecutor
-
-console = Console()
+from scripts.benchlib import console, environment, write_results
 
 
 def random_tokens(rng: random.Random, n: int, n_vocab: int) -> tuple[int, ...]:
@@ -164,19 +159,14 @@ def bench_stash(ex: LlamaCppExecutor, quick: bool) -> dict[str, float]:
     }
 
 
-def environment(config: EngineConfig, ex: LlamaCppExecutor) -> dict[str, Any]:
-    return {
-        "machine": platform.machine(),
-        "cpus": os.cpu_count(),
-        "python": platform.python_version(),
-        "llama_cpp_python": version("llama-cpp-python"),
-        "model": Path(config.model_path).name,
-        "threads": config.threads,
-        "n_ctx": config.n_ctx,
-        "kv_unified": config.kv_unified,
-        "kv_bytes_per_token": ex.info.kv_bytes_per_token,
-        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
+def engine_environment(config: EngineConfig, ex: LlamaCppExecutor) -> dict[str, Any]:
+    return environment(
+        model=Path(config.model_path).name,
+        threads=config.threads,
+        n_ctx=config.n_ctx,
+        kv_unified=config.kv_unified,
+        kv_bytes_per_token=ex.info.kv_bytes_per_token,
+    )
 
 
 def report(results: dict[str, Any]) -> None:
@@ -225,15 +215,13 @@ def main() -> None:
         LlamaCppExecutor.start(config) as ex,
         Progress(console=console, transient=True) as progress,
     ):
-        results: dict[str, Any] = {"environment": environment(config, ex)}
+        results: dict[str, Any] = {"environment": engine_environment(config, ex)}
         results["round_trip"] = bench_round_trip(ex, args.quick)
         results["stash"] = bench_stash(ex, args.quick)
         results["prefill"] = bench_prefill(ex, args.quick, progress)
         results["decode"] = bench_decode(ex, args.quick, progress)
     report(results)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
-    console.print(f"written to {args.out}")
+    write_results(args.out, results)
 
 
 if __name__ == "__main__":

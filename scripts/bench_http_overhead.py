@@ -1,0 +1,152 @@
+"""The server's own overhead: decode throughput through HTTP streaming vs the engine alone.
+
+For each batch size B: B streaming completions at once through a real ``quanta run``
+(``ignore_eos``, fixed answer length), counting tokens/s in the window where all B are
+decoding; then the engine alone (the same worker, no server, no scheduler) decoding B
+sequences of the same context. Target: HTTP at least 90% of the engine alone. Writes
+``bench/results/http_overhead.json``.
+
+    .venv/bin/python -m scripts.bench_http_overhead [--batches 1,8,16] [--threads N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from rich.table import Table
+
+from app.settings import default_model_path
+from quanta_core.engine import SeqSlice, StepPlan, Truncate
+from quanta_core.engine.config import EngineConfig
+from quanta_core.engine.llama_cpp.executor import LlamaCppExecutor
+from quanta_core.engine.llama_cpp.tokenizer import Tokenizer
+from scripts.benchlib import console, environment, write_results
+from tests.server_process import start_server
+
+PROMPT = "Write a long story about a lighthouse keeper and the sea."
+ANSWER_TOKENS = 160
+
+
+async def stream_one(client: httpx.AsyncClient, model: str, index: int) -> tuple[list[float], int]:
+    """Chunk arrival times and the server's count of completion tokens."""
+    body = {
+        "model": model,
+        "prompt": f"{PROMPT} ({index})",
+        "max_tokens": ANSWER_TOKENS,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    times: list[float] = []
+    tokens = 0
+    async with client.stream("POST", "/v1/completions", json=body) as response:
+        response.raise_for_status()
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+            if chunk["choices"] and chunk["choices"][0].get("text"):
+                times.append(time.perf_counter())
+    return times, tokens
+
+
+def steady_rate(streams: list[tuple[list[float], int]]) -> float:
+    """Tokens/s while every stream is decoding: from the last first chunk to the first last."""
+    start = max(t[0] for t, _ in streams)
+    end = min(t[-1] for t, _ in streams)
+    chunks = sum(sum(1 for x in t if start < x <= end) for t, _ in streams)
+    tokens_per_chunk = sum(n for _, n in streams) / sum(len(t) for t, _ in streams)
+    return chunks * tokens_per_chunk / (end - start)
+
+
+async def http_rate(url: str, model: str, batch: int, api_key: str) -> float:
+    headers = {"authorization": f"Bearer {api_key}"}
+    async with httpx.AsyncClient(base_url=url, timeout=600, headers=headers) as client:
+        await stream_one(client, model, -1)  # warm up
+        streams = await asyncio.gather(*(stream_one(client, model, i) for i in range(batch)))
+    return steady_rate(list(streams))
+
+
+def engine_rate(executor: LlamaCppExecutor, prompt: list[int], batch: int) -> float:
+    n = len(prompt)
+    executor.step(StepPlan(slices=tuple(SeqSlice(s, tuple(prompt), 0) for s in range(batch))))
+    times = []
+    for i in range(ANSWER_TOKENS // 2):
+        plan = StepPlan(
+            slices=tuple(SeqSlice(s, (1000 + i,), n + i, True, f"e{s}") for s in range(batch))
+        )
+        times.append(executor.step(plan).timings.total_s)
+    executor.step(
+        StepPlan(
+            kv_ops=tuple(Truncate(s) for s in range(batch)),
+            release=tuple(f"e{s}" for s in range(batch)),
+        )
+    )
+    return batch / statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--batches", default="1,8,16")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--api-key", default=os.environ.get("QUANTA_API_KEY", "none"))
+    parser.add_argument("--out", type=Path, default=Path("bench/results/http_overhead.json"))
+    args = parser.parse_args()
+    batches = [int(b) for b in args.batches.split(",")]
+    model = str(default_model_path())
+    prompt = Tokenizer.load(model).encode(f"{PROMPT} (0)")
+    rows: list[dict[str, Any]] = []
+    os.environ["QUANTA_MAX_RUNNING"] = str(max(batches))  # the server inherits it
+    server = start_server("--threads", str(args.threads))
+    try:
+        server.wait_ready()
+        name = httpx.get(f"{server.url}/v1/models").json()["data"][0]["id"]
+        http = {b: asyncio.run(http_rate(server.url, name, b, args.api_key)) for b in batches}
+    finally:
+        server.stop()
+    config = EngineConfig(model_path=model, n_ctx=8192, n_seq_max=64, threads=args.threads)
+    with LlamaCppExecutor.start(config) as executor:
+        for b in batches:
+            alone = engine_rate(executor, prompt, b)
+            rows.append(
+                {
+                    "batch": b,
+                    "http_tokens_per_s": http[b],
+                    "engine_tokens_per_s": alone,
+                    "ratio_pct": 100 * http[b] / alone,
+                }
+            )
+    table = Table(title="decode throughput: HTTP streaming vs the engine alone")
+    for col in ("batch", "HTTP tok/s", "engine tok/s", "HTTP / engine (target ≥ 90%)"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(
+            str(r["batch"]),
+            f"{r['http_tokens_per_s']:.0f}",
+            f"{r['engine_tokens_per_s']:.0f}",
+            f"{r['ratio_pct']:.0f}%",
+        )
+    console.print(table)
+    write_results(
+        args.out,
+        {
+            "environment": environment(model=Path(model).name, threads=args.threads),
+            "answer_tokens": ANSWER_TOKENS,
+            "rows": rows,
+        },
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,107 @@
+"""Scheduler overhead per cycle: ``schedule()`` + ``update()`` at 1, 16 and 64 running.
+
+The engine is the fake one (its own time is not counted); the figure is compared with the
+real engine's decode step at the same batch, read from ``bench/results/engine.json`` (run
+``python -m scripts.bench_engine`` first). Target: under 2% of the step. Writes
+``bench/results/scheduler_overhead.json``.
+
+    .venv/bin/python -m scripts.bench_scheduler [--cycles N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from quanta_core.clock import VirtualClock
+from quanta_core.engine.fake import FakeExecutor
+from quanta_core.engine.types import SamplingParams
+from quanta_core.requests import GenerationRequest
+from quanta_core.scheduler import Scheduler, SchedulerConfig
+from scripts.benchlib import console, environment, write_results
+
+CONTEXT = 128  # prompt tokens per sequence, as in the engine benchmark's batch sweep
+
+
+def cycle_times(running: int, cycles: int) -> list[float]:
+    executor = FakeExecutor(n_ctx=65536, n_seq_max=64, n_batch=8192, n_vocab=100_000)
+    clock = VirtualClock()
+    config = SchedulerConfig(max_running=running, token_budget=8192)
+    scheduler = Scheduler(config, executor.info, clock)
+    sampling = SamplingParams(temperature=0.0, ignore_eos=True)
+    for i in range(running):
+        prompt = tuple(range(1000 * i + 1, 1000 * i + 1 + CONTEXT))
+        scheduler.submit(GenerationRequest(f"r{i}", prompt, 10 * cycles, sampling))
+    for _ in range(3):  # prefill everyone; from here on every cycle is a decode of all
+        plan = scheduler.schedule()
+        scheduler.update(plan, executor.step(plan))
+        clock.advance(0.01)
+    times = []
+    for _ in range(cycles):
+        t0 = time.perf_counter()
+        plan = scheduler.schedule()
+        t1 = time.perf_counter()
+        result = executor.step(plan)  # not counted
+        t2 = time.perf_counter()
+        scheduler.update(plan, result)
+        scheduler.drain_events()
+        t3 = time.perf_counter()
+        assert len(plan.slices) == running
+        times.append((t1 - t0) + (t3 - t2))
+        clock.advance(0.01)
+    return times
+
+
+def engine_step_ms(batch: int) -> float | None:
+    path = Path("bench/results/engine.json")
+    if not path.exists():
+        return None
+    rows = json.loads(path.read_text())["decode"]
+    match = [r["step_ms"] for r in rows if r["batch"] == batch and r["context"] == CONTEXT]
+    return match[0] if match else None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--cycles", type=int, default=500)
+    parser.add_argument("--out", type=Path, default=Path("bench/results/scheduler_overhead.json"))
+    args = parser.parse_args()
+    rows: list[dict[str, Any]] = []
+    for running in (1, 16, 64):
+        times = cycle_times(running, args.cycles)
+        overhead_ms = statistics.median(times) * 1e3
+        step_ms = engine_step_ms(running)
+        rows.append(
+            {
+                "running": running,
+                "cycle_overhead_ms": overhead_ms,
+                "cycle_overhead_p99_ms": statistics.quantiles(times, n=100)[98] * 1e3,
+                "engine_step_ms": step_ms,
+                "share_pct": None if step_ms is None else 100 * overhead_ms / step_ms,
+            }
+        )
+    table = Table(title="scheduler overhead per cycle (schedule + update)")
+    for col in ("running", "median", "p99", "engine step", "share (target < 2%)"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        step = "—" if r["engine_step_ms"] is None else f"{r['engine_step_ms']:.1f} ms"
+        share = "—" if r["share_pct"] is None else f"{r['share_pct']:.2f}%"
+        table.add_row(
+            str(r["running"]),
+            f"{r['cycle_overhead_ms']:.3f} ms",
+            f"{r['cycle_overhead_p99_ms']:.3f} ms",
+            step,
+            share,
+        )
+    console.print(table)
+    write_results(args.out, {"environment": environment(), "context": CONTEXT, "rows": rows})
+
+
+if __name__ == "__main__":
+    main()
