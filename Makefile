@@ -21,6 +21,7 @@ $(STAMP): pyproject.toml | $(BIN)/python
 install: $(STAMP)
 
 run: $(STAMP)
+	$(BIN)/quanta migrate
 	$(BIN)/quanta run
 
 test: $(STAMP)

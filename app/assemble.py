@@ -15,7 +15,7 @@ from quanta_core.clock import WallClock
 from quanta_core.engine.llama_cpp.executor import LlamaCppExecutor
 from quanta_core.engine.llama_cpp.grammar import json_object_grammar, json_schema_grammar
 from quanta_core.engine.llama_cpp.tokenizer import Tokenizer
-from quanta_core.scheduler import Driver, Scheduler, SchedulerConfig
+from quanta_core.scheduler import Driver, QueueBound, Scheduler, SchedulerConfig, SloConfig
 
 
 class LlamaGrammars:
@@ -33,6 +33,17 @@ def scheduler_config(settings: Settings) -> SchedulerConfig:
         max_running=settings.max_running,
         token_budget=settings.n_batch,
         enable_prefix_cache=settings.prefix_cache,
+        slo=SloConfig(
+            interactive_ttft_s=settings.interactive_ttft_s,
+            interactive_itl_s=settings.interactive_itl_s,
+            batch_deadline_s=settings.batch_deadline_s,
+            batch_aging_s=settings.batch_aging_s,
+            interactive_queue=QueueBound(
+                settings.interactive_queue_requests, settings.interactive_queue_tokens
+            ),
+            batch_queue=QueueBound(settings.batch_queue_requests, settings.batch_queue_tokens),
+            total_queue=QueueBound(settings.queue_requests, settings.queue_tokens),
+        ),
     )
 
 
@@ -54,6 +65,10 @@ def build_core(settings: Settings) -> Core:
             prefix_cache_hits=s.prefix_cache_hits,
             prefix_cache_queries=s.prefix_cache_queries,
             preemptions=s.num_preemptions,
+            waiting_by_class=s.waiting_by_class,
+            tenants=tuple(
+                (t.tenant, t.slo_class, t.counter, t.waiting, t.running) for t in s.tenants
+            ),
         )
 
     def close() -> None:

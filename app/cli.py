@@ -13,12 +13,17 @@ import typer
 import uvicorn
 from pydantic import ValidationError
 
+from app.bench.cli import bench_cli
 from app.lifecycle import Lifecycle
 from app.server import create_app
 from app.settings import Settings
 from app.state import Status
+from app.tenancy.cli import migrate, prepare_run, tenants_cli
 
 cli = typer.Typer(help="Quanta: a multi-tenant LLM inference server.", no_args_is_help=True)
+cli.add_typer(bench_cli, name="bench")
+cli.command()(migrate)
+cli.add_typer(tenants_cli, name="tenants")
 
 
 class _Server(uvicorn.Server):
@@ -83,6 +88,7 @@ def run(
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    prepare_run(settings)  # refuses a schema not at head; generates an admin key if none
     app = create_app(settings)
     lifecycle: Lifecycle = app.state["lifecycle"]
     config = uvicorn.Config(

@@ -45,6 +45,9 @@ class CoreStats:
     prefix_cache_hits: int = 0  # tokens served from the prefix cache, cumulative
     prefix_cache_queries: int = 0  # prompt tokens looked up, cumulative
     preemptions: int = 0  # cumulative
+    waiting_by_class: tuple[tuple[str, int], ...] = ()  # (class, waiting)
+    # fair policies: (tenant, class, virtual token counter, waiting, running)
+    tenants: tuple[tuple[str, str, float, int, int], ...] = ()
 
 
 class Driver(Protocol):

@@ -119,6 +119,45 @@ class ClientDisconnected(ApiError):
         super().__init__("the client closed the request", code="client_closed_request")
 
 
+class InvalidApiKey(ApiError):
+    status_code = 401
+
+    def __init__(self, message: str, code: str = "invalid_api_key") -> None:
+        super().__init__(message, code=code)
+
+
+class TenantSuspended(ApiError):
+    status_code = 403
+
+    def __init__(self, tenant: str) -> None:
+        super().__init__(f"tenant '{tenant}' is suspended", code="tenant_suspended")
+
+
+class RateLimited(ApiError):
+    """OpenAI's 429: ``type`` is ``requests``/``tokens`` for a rate limit, else a quota."""
+
+    status_code = 429
+
+    def __init__(self, message: str, *, kind: str, code: str, headers: dict[str, str]) -> None:
+        super().__init__(message, code=code, headers=headers)
+        self.type = kind
+
+
+class NotFound(ApiError):
+    status_code = HTTP_404_NOT_FOUND
+    type = NOT_FOUND
+
+    def __init__(self, what: str, ident: str) -> None:
+        super().__init__(f"no {what} with id '{ident}'", code=f"{what}_not_found")
+
+
+class Conflict(ApiError):
+    status_code = 409
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message, param=param, code="conflict")
+
+
 _HTTP_CODES = {
     404: ("not_found", NOT_FOUND),
     405: ("method_not_allowed", INVALID_REQUEST),

@@ -51,6 +51,30 @@ class _CoreCollector(Collector):
             "Sequences preempted (stashed or dropped).",
             stats.preemptions,
         )
+        yield from _fairness(stats)
+
+
+def _fairness(stats: CoreStats) -> Iterable[Metric]:
+    """Queue state per class and VTC counters per tenant and class (fair policies only)."""
+    by_class = GaugeMetricFamily(
+        "quanta:num_requests_waiting_by_class", "Requests queued, per SLO class.", labels=["class"]
+    )
+    for slo_class, waiting in stats.waiting_by_class:
+        by_class.add_metric([slo_class], waiting)
+    yield by_class
+    families = {
+        name: GaugeMetricFamily(f"quanta:tenant_{name}", doc, labels=list(LABELS))
+        for name, doc in (
+            ("virtual_tokens", "VTC counter: weighted service received (input + 2 x output)."),
+            ("requests_waiting", "Requests queued, per tenant and class."),
+            ("requests_running", "Requests on the engine, per tenant and class."),
+        )
+    }
+    for tenant, slo_class, counter, waiting, running in stats.tenants:
+        families["virtual_tokens"].add_metric([tenant, slo_class], counter)
+        families["requests_waiting"].add_metric([tenant, slo_class], waiting)
+        families["requests_running"].add_metric([tenant, slo_class], running)
+    yield from families.values()
 
 
 class Metrics:

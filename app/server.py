@@ -10,6 +10,7 @@ from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import SwaggerRenderPlugin
 
+from app.admin.routes import ADMIN_CONTROLLERS
 from app.core import Core, CoreFactory
 from app.errors import EXCEPTION_HANDLERS
 from app.health import HealthController
@@ -19,6 +20,9 @@ from app.openai.routes import CompletionsController, ModelsController
 from app.request_id import request_id_middleware
 from app.settings import Settings
 from app.state import ServerState
+from app.tenancy.gate import tenancy_middleware
+from app.tenancy.routes import OwnKeyController
+from app.tenancy.service import Tenancy
 
 VERSION = "0.1.0"
 
@@ -36,16 +40,24 @@ def create_app(
     state = ServerState()
     metrics = Metrics(state.stats)
     lifecycle = Lifecycle(state, settings, core_factory or build_real_core)
+    tenancy = Tenancy(settings)
 
     def provide(value: Any) -> Provide:
         return Provide(lambda: value, use_cache=True, sync_to_thread=False)
 
     return Litestar(
-        route_handlers=[CompletionsController, ModelsController, HealthController],
+        route_handlers=[
+            CompletionsController,
+            ModelsController,
+            OwnKeyController,
+            HealthController,
+            *ADMIN_CONTROLLERS,
+        ],
         dependencies={"server": provide(state), "metrics": provide(metrics)},
         exception_handlers=EXCEPTION_HANDLERS,
-        middleware=[request_id_middleware],
-        lifespan=[lifecycle.lifespan],
+        middleware=[request_id_middleware, tenancy_middleware],
+        # Exited in reverse: in-flight requests drain first, then the ledger is flushed.
+        lifespan=[tenancy.lifespan, lifecycle.lifespan],
         request_max_body_size=settings.max_body_bytes,
         openapi_config=OpenAPIConfig(
             title="Quanta",
@@ -54,5 +66,5 @@ def create_app(
             path="/docs",
             render_plugins=[SwaggerRenderPlugin()],
         ),
-        state=State({"lifecycle": lifecycle}),
+        state=State({"lifecycle": lifecycle, "tenancy": tenancy}),
     )

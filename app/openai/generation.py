@@ -10,22 +10,25 @@ iteration early (a client gone, an error) cancels the request and frees its KV.
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Literal
 
 from app.context import RequestContext
 from app.core import Core
-from app.errors import ApiError, GenerationFailed, Overloaded
+from app.errors import ApiError, GenerationFailed, Overloaded, RateLimited
 from app.metrics import Metrics
 from app.openai.choices import ChoiceText, Piece
 from app.openai.sampling import Plan
 from app.openai.schemas import PromptTokensDetails, ServerTiming, Usage
 from app.openai.stop import StopMatcher
+from app.tenancy.service import Outcome
 from quanta_core.requests import (
     ChoiceResult,
     FinishReason,
     GenerationRequest,
+    RejectionKind,
     TokenEvent,
 )
 
@@ -102,6 +105,28 @@ class Generation:
             self._cancelled = True
             self._core.driver.cancel(self._ctx.request_id)
 
+    def outcome(self) -> Outcome:
+        """What was served, for the quotas and the usage ledger (read when the request ends)."""
+        usage = self.usage()
+        reasons = {r.finish_reason for r in self._results.values()}
+        if FinishReason.REJECTED in reasons:
+            status = "rejected"
+        elif FinishReason.ERROR in reasons:
+            status = "error"
+        else:
+            status = "completed" if self.finished else "cancelled"
+        timings = [r.timings for r in self._results.values()]
+        queue = [t.queue_s for t in timings if t.queue_s is not None]
+        ttft = [t.first_token - t.arrival for t in timings if t.first_token is not None]
+        return Outcome(
+            status,
+            usage.prompt_tokens,
+            usage.prompt_tokens_details.cached_tokens,
+            usage.completion_tokens,
+            min(queue, default=None),
+            min(ttft, default=None),
+        )
+
     def usage(self) -> Usage:
         completion = sum(self._completion_tokens(i) for i in range(len(self._choices)))
         cached = max((r.cached_tokens for r in self._results.values()), default=0)
@@ -151,7 +176,23 @@ def _timing(result: ChoiceResult) -> ServerTiming:
 def _failure(result: ChoiceResult) -> ApiError:
     why = result.error or result.finish_reason.value
     if result.finish_reason is FinishReason.REJECTED:
-        return Overloaded(f"the request was not admitted: {why}")
+        return _rejected(result, f"the request was not admitted: {why}")
     if result.finish_reason is FinishReason.CANCELLED:
         return Overloaded(f"the request was cancelled by the server: {why}")
     return GenerationFailed(f"generation failed: {why}")
+
+
+def _rejected(result: ChoiceResult, message: str) -> ApiError:
+    """Admission's refusal: 429 when the tenant is over its share, else 503; both carry the
+    scheduler's estimate of when trying again may work."""
+    if result.retry_after_s is None:
+        return Overloaded(message)
+    headers = {
+        "retry-after": str(max(1, math.ceil(result.retry_after_s))),
+        "retry-after-ms": str(max(1, math.ceil(result.retry_after_s * 1000))),
+    }
+    if result.rejection is RejectionKind.TENANT_OVER_SHARE:
+        return RateLimited(message, kind="requests", code="rate_limit_exceeded", headers=headers)
+    error = Overloaded(message)
+    error.headers.update(headers)
+    return error

@@ -28,6 +28,7 @@ from app.openai.schemas import (
 )
 from app.openai.service import CompletionService
 from app.state import ServerState
+from app.tenancy.gate import require_api_key
 
 
 def provide_completions(
@@ -43,6 +44,7 @@ def provide_models(server: NamedDependency[ServerState]) -> ModelService:
 class CompletionsController(Controller):
     path = "/v1"
     tags = ("OpenAI",)
+    guards = [require_api_key]  # noqa: RUF012
     dependencies = MappingProxyType(
         {
             "ctx": Provide(provide_context),
@@ -86,6 +88,7 @@ class CompletionsController(Controller):
 class ModelsController(Controller):
     path = "/v1/models"
     tags = ("OpenAI",)
+    guards = [require_api_key]  # noqa: RUF012
     dependencies = MappingProxyType({"models": Provide(provide_models, sync_to_thread=False)})
 
     @get("/", summary="List the served model", responses=MODEL_RESPONSES)

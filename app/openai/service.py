@@ -61,8 +61,12 @@ class CompletionService:
         ctx: RequestContext,
         receive: Receive,
     ) -> Response[Any]:
+        if ctx.gate is not None:  # 429 here, before anything reaches the core
+            ctx.gate.admit(len(plan.prompt_tokens) + plan.max_tokens * request.n)
         logprobs = plan.sampling.logprobs is not None
         generation = Generation(core, plan, request.n, ctx, self._metrics, logprobs=logprobs)
+        if ctx.gate is not None:
+            ctx.gate.bind(generation.outcome)
         updates = generation.updates()
         if not request.stream:
             choices = await unless_disconnected(receive, _collect(updates, request.n))

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
+
+from quanta_core.scheduler.slo import SloConfig
 
 
 class PolicyName(StrEnum):
     SEQUENTIAL = "sequential"  # one request at a time, run to completion
     STATIC = "static"  # form a batch, run it until all of it finishes
     FCFS = "fcfs"  # continuous batching, first come first served, preempt the newest
+    VTC = "vtc"  # fair share between tenants by virtual token counters, one pool
+    SLO = "slo"  # VTC within SLO classes, interactive first, batch aged, admission control
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +33,8 @@ class SchedulerConfig:
     max_engine_deaths_per_request: int = 2
     # Run KvManager.check_integrity() after every cycle (tests; O(blocks) per cycle).
     check_integrity: bool = False
+    # SLO classes, queue bounds and the step-cost prior (the ``vtc`` and ``slo`` policies)
+    slo: SloConfig = field(default_factory=SloConfig)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "policy", PolicyName(self.policy))
@@ -38,3 +44,11 @@ class SchedulerConfig:
             raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
         if self.stash_budget_bytes < 0:
             raise ValueError(f"stash_budget_bytes must be >= 0, got {self.stash_budget_bytes}")
+
+
+@dataclass(frozen=True, slots=True)
+class StepLimits:
+    """One cycle's caps: the configured ones, or a policy's tighter ones."""
+
+    max_running: int  # choices holding a sequence
+    token_budget: int  # tokens in one step

@@ -2,19 +2,28 @@
 
 A policy decides the waiting queue's order, whether the next request may be admitted now, and
 whom to evict when memory runs out. It never touches KV memory; the scheduler does, with the
-same code for every policy. Later policies (VTC fairness per tenant, SLO classes, predictive)
-subclass ``Policy`` and register in ``POLICIES``.
+same code for every policy. The fair policies (``vtc``, ``slo``) live in ``fair_policies``;
+all are made by name in ``registry``. Hooks a policy may use, each a no-op here:
+
+    on_submit       START / QUEUE / REJECT a new request (and shed queued ones)
+    limits          this cycle's running-count and token caps
+    order_running / defers     who of the running gets tokens first; who goes after admission
+    on_progress     tokens computed and sampled for a request (fairness charging)
+    on_left_running / on_finished / on_step     bookkeeping
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 from enum import Enum
 from typing import ClassVar
 
-from quanta_core.scheduler.config import PolicyName
-from quanta_core.scheduler.queue import SortKey, WaitingQueue
+from quanta_core.engine.types import StepPlan, StepResult
+from quanta_core.scheduler.admission import AdmissionDecision, AdmissionVerdict
+from quanta_core.scheduler.config import PolicyName, SchedulerConfig, StepLimits
+from quanta_core.scheduler.queue import RequestQueue, SortKey, WaitingQueue
 from quanta_core.scheduler.request import Request
 
 
@@ -24,11 +33,26 @@ class AdmitDecision(Enum):
     STOP = "stop"  # admit nothing more this cycle
 
 
+@dataclass(frozen=True, slots=True)
+class TenantStats:
+    """One tenant of one class, for ``/metrics``."""
+
+    tenant: str
+    slo_class: str
+    counter: float  # virtual tokens of service received (weighted)
+    waiting: int
+    running: int
+
+
 class Policy(ABC):
     name: ClassVar[PolicyName]
 
     def __init__(self) -> None:
-        self.waiting = WaitingQueue(self.sort_key)
+        self.waiting: RequestQueue = WaitingQueue(self.sort_key)
+
+    @classmethod
+    def from_config(cls, config: SchedulerConfig) -> Policy:
+        return cls()
 
     def sort_key(self, r: Request) -> SortKey:
         """The waiting order: first come, first served; choices of a request in index order."""
@@ -46,6 +70,43 @@ class Policy(ABC):
     def pick_victim(self, candidates: Sequence[Request]) -> Request:
         """Whom to evict when memory runs out: by default the newest (vLLM's default)."""
         return max(candidates, key=self.sort_key)
+
+    def on_submit(
+        self, choices: Sequence[Request], running: Collection[Request], base: StepLimits
+    ) -> AdmissionVerdict:
+        """A new request (its choices, not queued yet): start, queue, or reject it."""
+        free = len(running) < base.max_running
+        start = free and len(self.waiting) == 0
+        return AdmissionVerdict(AdmissionDecision.START if start else AdmissionDecision.QUEUE)
+
+    def limits(self, running: Collection[Request], base: StepLimits) -> StepLimits:
+        """This cycle's caps (after ``begin_cycle``); by default the configured ones."""
+        return base
+
+    def order_running(self, running: list[Request]) -> list[Request]:
+        """The order running requests get their tokens in (and may be evicted after the one
+        that needs a block); by default admission order."""
+        return running
+
+    def defers(self, r: Request) -> bool:
+        """Running ``r`` gets what admission leaves of this step's budget, after it."""
+        return False
+
+    def on_progress(self, r: Request, input_tokens: int, output_tokens: int) -> None:  # noqa: B027
+        """A step computed ``input_tokens`` prompt tokens of ``r`` for the first time and
+        sampled ``output_tokens`` for it."""
+
+    def on_left_running(self, r: Request) -> None:  # noqa: B027
+        """``r`` gave up its sequence (finished, preempted, or the engine lost it)."""
+
+    def on_finished(self, r: Request) -> None:  # noqa: B027
+        """``r`` ended, for any reason (after it left running)."""
+
+    def on_step(self, plan: StepPlan, result: StepResult) -> None:  # noqa: B027
+        """A step ran (for cost models)."""
+
+    def tenant_stats(self, running: Collection[Request]) -> tuple[TenantStats, ...]:
+        return ()
 
 
 class SequentialPolicy(Policy):
@@ -95,16 +156,3 @@ class FcfsPolicy(Policy):
 
     def may_admit(self, r: Request, running: Collection[Request]) -> AdmitDecision:
         return AdmitDecision.ADMIT
-
-
-POLICIES: dict[PolicyName, type[Policy]] = {
-    cls.name: cls for cls in (SequentialPolicy, StaticPolicy, FcfsPolicy)
-}
-
-
-def make_policy(name: PolicyName | str) -> Policy:
-    try:
-        return POLICIES[PolicyName(name)]()
-    except ValueError:
-        known = ", ".join(sorted(POLICIES))
-        raise ValueError(f"unknown scheduling policy {name!r} (known: {known})") from None

@@ -1,15 +1,33 @@
-"""The waiting queue: a heap in a policy's order, with O(1) lazy removal (cancel)."""
+"""The waiting queue: a heap in a policy's order, with O(1) lazy removal (cancel).
+
+``RequestQueue`` is what the scheduler needs of any waiting queue; ``WaitingQueue`` is the
+plain one, the fair policies compose several of them (``quanta_core.scheduler.vtc``).
+"""
 
 from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Iterator
 from itertools import count
-from typing import Any
+from typing import Any, Protocol
 
 from quanta_core.scheduler.request import Request
 
 SortKey = tuple[Any, ...]
+
+
+class RequestQueue(Protocol):
+    def __len__(self) -> int: ...
+
+    def push(self, r: Request) -> None: ...
+
+    def peek(self) -> Request | None: ...
+
+    def pop(self) -> Request: ...
+
+    def remove(self, r: Request) -> None: ...
+
+    def __iter__(self) -> Iterator[Request]: ...
 
 
 class WaitingQueue:

@@ -20,6 +20,7 @@ from quanta_core.requests import (
     ChoiceTimings,
     FinishReason,
     GenerationRequest,
+    RejectionKind,
     SloClass,
 )
 
@@ -65,6 +66,10 @@ class Request:
     cached_tokens: int | None = None  # set at first admission
     finish_reason: FinishReason | None = None
     error: str | None = None
+    rejection: RejectionKind | None = None
+    retry_after_s: float | None = None
+    # fairness: prompt tokens charged so far (a recompute is not charged twice)
+    charged_input: int = 0
     # timestamps on the core's clock
     admitted: float | None = None
     first_scheduled: float | None = None
@@ -120,6 +125,14 @@ class Request:
     def is_finished(self) -> bool:
         return self.status is RequestStatus.FINISHED
 
+    def charge_input(self, start: int, end: int) -> int:
+        """How many prompt tokens a step computing ``[start, end)`` computed for the first
+        time (a prefix-cache hit was never computed; a recompute was, before)."""
+        end = min(end, self.prompt_len)
+        new = max(end - max(start, self.charged_input), 0)
+        self.charged_input = max(self.charged_input, end)
+        return new
+
     def append_output(self, out: SeqOutput, now: float) -> None:
         self.tokens.append(out.token)
         self.token_times.append(now)
@@ -149,6 +162,8 @@ class Request:
             preemptions=self.preemptions,
             error=self.error,
             token_times=tuple(self.token_times),
+            rejection=self.rejection,
+            retry_after_s=self.retry_after_s,
         )
 
 

@@ -3,7 +3,8 @@
 One cycle, as an operating system would run it:
 
     cancelled?         free their KV now (cycle boundary: no step is in flight)
-    anyone starved?    the policy lifts them (``begin_cycle``)
+    anyone starved?    the policy lifts them (``begin_cycle``) and sets this cycle's caps on
+                       running sequences and tokens (``limits``: the SLO policy's ITL bound)
     running            each gets its next tokens under the token budget; when blocks run out
                        a victim (policy) is stashed or dropped for recompute (cost)
     waiting            admitted in the policy's order while ids, blocks and budget allow
@@ -12,7 +13,8 @@ One cycle, as an operating system would run it:
 
 Tokens, not phases: a slice is ``tokens[num_computed : num_computed + n]``. A long prompt
 takes several steps (chunked prefill) behind the running decodes, which come first.
-Finished requests are freed in ``update``; their ops lead the next plan.
+Finished requests are freed in ``update``; their ops lead the next plan. ``submit`` answers at
+once (the policy's ``on_submit``): start, queue, or reject, possibly shedding queued requests.
 """
 
 from __future__ import annotations
@@ -34,12 +36,15 @@ from quanta_core.requests import (
     ChoiceFinished,
     FinishReason,
     GenerationRequest,
+    RejectionKind,
     TokenEvent,
 )
-from quanta_core.scheduler.config import SchedulerConfig
+from quanta_core.scheduler.admission import AdmissionDecision, AdmissionVerdict
+from quanta_core.scheduler.config import SchedulerConfig, StepLimits
 from quanta_core.scheduler.handle import Event
-from quanta_core.scheduler.policies import AdmitDecision, make_policy
+from quanta_core.scheduler.policies import AdmitDecision, TenantStats
 from quanta_core.scheduler.preemption import PreemptionCosts, PreemptMode
+from quanta_core.scheduler.registry import make_policy
 from quanta_core.scheduler.request import Request, RequestStatus
 
 # Reasons whose KV is sound and worth keeping in the prefix cache.
@@ -59,6 +64,8 @@ class SchedulerStats:
     num_stashes: int
     stash_bytes: int
     engine_deaths: int
+    waiting_by_class: tuple[tuple[str, int], ...] = ()  # (class, waiting choices)
+    tenants: tuple[TenantStats, ...] = ()  # fair policies: counters and queues per tenant
 
 
 class Scheduler:
@@ -74,9 +81,10 @@ class Scheduler:
         self.kv = KvManager(
             num_blocks, bs, info.n_seq_max, config.enable_prefix_cache and self.share_kv
         )
-        self.policy = make_policy(config.policy)
+        self.policy = make_policy(config.policy, config)
         self.token_budget = min(config.token_budget, info.n_batch)
         self.max_running = min(config.max_running, info.n_seq_max)
+        self.base_limits = StepLimits(self.max_running, self.token_budget)
         # The longest a sequence may grow: positions must fit the context and blocks the pool.
         # (With one stream per sequence, each stream is n_ctx / n_seq_max cells.)
         n_ctx_seq = info.n_ctx if info.kv_unified else info.n_ctx // info.n_seq_max
@@ -102,21 +110,49 @@ class Scheduler:
 
     # ---- the public face ----
 
-    def submit(self, req: GenerationRequest) -> list[Request]:
-        """Queue ``req``'s choices; a request that can never run finishes at once (REJECTED)."""
+    def submit(self, req: GenerationRequest) -> AdmissionVerdict:
+        """Start, queue or reject ``req`` at once; a rejected request finishes (REJECTED)
+        with a reason, and for a load rejection its kind and a retry-after."""
         now = self.clock.now()
         self._order += 1
         choices = Request.choices_of(req, now, self._order)
         reason = self._reject_reason(req)
-        if reason is not None:
+        verdict = (
+            AdmissionVerdict(AdmissionDecision.REJECT, reason)
+            if reason is not None
+            else self.policy.on_submit(choices, self._running, self.base_limits)
+        )
+        if verdict.decision is AdmissionDecision.REJECT:
             for r in choices:
-                self._finish(r, FinishReason.REJECTED, reason)
-            return choices
+                self._finish(
+                    r,
+                    FinishReason.REJECTED,
+                    verdict.reason,
+                    verdict.rejection,
+                    verdict.retry_after_s,
+                )
+            return verdict
+        for victim in verdict.shed:
+            self._shed(victim.request_id, verdict.shed_retry_after_s)
         self._groups[req.request_id] = choices
         self.policy.waiting.push(choices[0])
         if not self.share_kv:
             self._unblock_siblings(choices[0])  # they cannot share the prompt: no waiting
-        return choices
+        return verdict
+
+    def _shed(self, request_id: str, retry_after_s: float | None) -> None:
+        """Reject a queued request to make room for another (it never ran: no work is lost)."""
+        group = self._groups[request_id]
+        if any(r.first_scheduled is not None or r.preemptions for r in group):
+            raise RuntimeError(f"the policy shed {request_id}, which has run")
+        for r in group:
+            self._finish(
+                r,
+                FinishReason.REJECTED,
+                "shed from the queue under overload to make room for interactive traffic",
+                RejectionKind.OVERLOADED,
+                retry_after_s,
+            )
 
     def cancel(self, request_id: str) -> bool:
         """Cancel at the next cycle boundary; ``False`` if no such request is live."""
@@ -151,6 +187,9 @@ class Scheduler:
 
     def stats(self) -> SchedulerStats:
         kv = self.kv.stats()
+        by_class: dict[str, int] = {}
+        for r in self.policy.waiting:
+            by_class[r.slo_class.value] = by_class.get(r.slo_class.value, 0) + 1
         return SchedulerStats(
             num_running=len(self._running),
             num_waiting=len(self.policy.waiting),
@@ -163,6 +202,8 @@ class Scheduler:
             num_stashes=len(self._stash_bytes),
             stash_bytes=sum(self._stash_bytes.values()),
             engine_deaths=self.engine_deaths,
+            waiting_by_class=tuple(sorted(by_class.items())),
+            tenants=self.policy.tenant_stats(self._running),
         )
 
     def check_integrity(self) -> None:
@@ -182,15 +223,20 @@ class Scheduler:
         self._apply_cancels()
         running = self._running
         self.policy.begin_cycle(running, now)
-        budget = self.token_budget
+        limits = self.policy.limits(running, self.base_limits)
+        budget = limits.token_budget
         slices: list[SeqSlice] = []
-        queue = list(running)
+        queue = self.policy.order_running(list(running))
         preempted = False
+        deferred: list[Request] = []
         for i, r in enumerate(queue):
             if budget <= 0:
                 break
             if r.status is not RequestStatus.RUNNING:
                 continue  # evicted earlier in this loop
+            if self.policy.defers(r):
+                deferred.append(r)
+                continue
             assert r.seq is not None
             n = min(r.num_tokens - r.num_computed_tokens, budget)
             while not self.kv.grow(r.seq, r.num_computed_tokens + n):
@@ -204,19 +250,31 @@ class Scheduler:
                 slices.append(self._slice(r, n, now))
                 budget -= n
         if not preempted:
-            budget = self._admit(budget, slices, now)
+            budget = self._admit(budget, limits.max_running, slices, now)
+        for r in deferred:
+            budget = self._run_deferred(r, budget, slices, now)
         plan = StepPlan(
             kv_ops=tuple(self.kv.drain_ops()), slices=tuple(slices), release=tuple(self._release)
         )
         self._release.clear()
         return plan
 
-    def _admit(self, budget: int, slices: list[SeqSlice], now: float) -> int:
+    def _run_deferred(self, r: Request, budget: int, slices: list[SeqSlice], now: float) -> int:
+        """What admission left of the budget, for a running request the policy put after it
+        (never a cause to preempt: without room it waits for the next step)."""
+        if budget <= 0 or r.status is not RequestStatus.RUNNING:
+            return budget
+        assert r.seq is not None
+        n = min(r.num_tokens - r.num_computed_tokens, budget)
+        if not self.kv.grow(r.seq, r.num_computed_tokens + n):
+            return budget
+        slices.append(self._slice(r, n, now))
+        return budget - n
+
+    def _admit(self, budget: int, max_running: int, slices: list[SeqSlice], now: float) -> int:
         waiting = self.policy.waiting
         skipped: list[Request] = []
-        while (
-            budget > 0 and len(self._running) < self.max_running and self.kv.num_seqs_available > 0
-        ):
+        while budget > 0 and len(self._running) < max_running and self.kv.num_seqs_available > 0:
             r = waiting.peek()
             if r is None:
                 break
@@ -324,6 +382,7 @@ class Scheduler:
             del self._by_seq[r.seq]
             r.seq = None
         self._running.pop(r, None)
+        self.policy.on_left_running(r)
 
     # ---- results ----
 
@@ -341,6 +400,9 @@ class Scheduler:
             r.num_computed_tokens = s.start_pos + len(s.tokens)
             assert r.seq is not None
             self.kv.commit(r.seq, r.tokens, r.num_computed_tokens)
+            charged = r.charge_input(s.start_pos, r.num_computed_tokens)
+            if charged:
+                self.policy.on_progress(r, charged, 0)
             if r.siblings_blocked and r.num_computed_tokens >= r.prompt_len:
                 self._unblock_siblings(r)
             if not s.sample:
@@ -351,11 +413,13 @@ class Scheduler:
                 continue
             r.needs_replay = False
             self._on_token(r, out, now)
+        self.policy.on_step(plan, result)
         if self.config.check_integrity:
             self.check_integrity()
         return self.drain_events()
 
     def _on_token(self, r: Request, out: SeqOutput, now: float) -> None:
+        self.policy.on_progress(r, 0, 1)  # the end-of-generation token too: it was computed
         if r.first_token is None:
             r.first_token = now
         if out.token in self.eog and not r.sampling.ignore_eos:
@@ -376,7 +440,14 @@ class Scheduler:
                 self.policy.waiting.push(sibling)
         r.siblings_blocked = []
 
-    def _finish(self, r: Request, reason: FinishReason, error: str | None = None) -> None:
+    def _finish(
+        self,
+        r: Request,
+        reason: FinishReason,
+        error: str | None = None,
+        rejection: RejectionKind | None = None,
+        retry_after_s: float | None = None,
+    ) -> None:
         """End ``r``: free its sequence (or stash), its sampler, and tell the client."""
         if r.is_finished:
             return
@@ -402,7 +473,9 @@ class Scheduler:
         r.status = RequestStatus.FINISHED
         r.finish_reason = reason
         r.error = error
+        r.rejection, r.retry_after_s = rejection, retry_after_s
         r.finished = self.clock.now()
+        self.policy.on_finished(r)
         self._events.append(ChoiceFinished(r.result()))
         group = self._groups.get(r.request_id)
         if group is not None and all(c.is_finished for c in group):
@@ -510,6 +583,7 @@ class Scheduler:
             assert r.seq is not None
             forgotten.append((r, r.seq))
             r.seq = None
+            self.policy.on_left_running(r)
             r.status = RequestStatus.PREEMPTED
             if r.restored_key is not None:
                 r.stash_key, r.restored_key = r.restored_key, None

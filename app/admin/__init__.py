@@ -1,0 +1,1 @@
+"""``/admin/v1``: tenants, keys, quotas, usage and the audit log, behind the admin key."""

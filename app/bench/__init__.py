@@ -1,0 +1,1 @@
+"""`quanta bench`: drive a running OpenAI-compatible server and measure it."""

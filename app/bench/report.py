@@ -1,0 +1,142 @@
+"""The results file: config, environment, figures and every request's raw row.
+
+    {"schema": "quanta.bench/1", "label": ..., "config": {...}, "environment": {...},
+     "summary": {...}, "service": {...}, "requests": [{...}, ...]}
+
+``summary`` is ``quanta_core.metrics.summarize(...).as_dict()``; the rows are
+``RequestRecord.to_row()``, so a file can be re-summarised (or compared) without a server.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import platform
+import subprocess
+from collections.abc import Sequence
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from quanta_core.metrics import RequestRecord, RunSummary, cumulative_service
+from quanta_core.workload import WorkloadSpec
+
+SCHEMA = "quanta.bench/1"
+
+
+def _version(package: str) -> str | None:
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return None
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            cwd=Path(__file__).resolve().parent,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def _get_json(url: str, api_key: str | None = None) -> Any:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        response = httpx.get(url, headers=headers, timeout=5.0)
+    except httpx.HTTPError:
+        return None
+    if response.status_code != 200:
+        return None
+    try:
+        return response.json()
+    except ValueError:
+        return None
+
+
+def server_info(url: str, api_key: str | None = None) -> dict[str, Any]:
+    """What the server says about itself: /v1/models, and llama-server's /props."""
+    props = _get_json(url + "/props")
+    if isinstance(props, dict):
+        # llama-server's props carry the whole chat template and more: keep the sizing.
+        keep = ("total_slots", "model_path", "build_info", "default_generation_settings")
+        props = {k: props[k] for k in keep if k in props}
+        settings = props.get("default_generation_settings")
+        if isinstance(settings, dict):
+            props["default_generation_settings"] = {
+                k: settings[k] for k in ("n_ctx", "model") if k in settings
+            }
+    return {"url": url, "models": _get_json(url + "/v1/models", api_key), "props": props}
+
+
+def environment(url: str, api_key: str | None = None) -> dict[str, Any]:
+    return {
+        "time_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "host": platform.node(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "load_avg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "quanta": _version("quanta"),
+        "llama_cpp_python": _version("llama-cpp-python"),
+        "httpx": _version("httpx"),
+        "git_commit": _git_commit(),
+        "server": server_info(url, api_key),
+    }
+
+
+def server_kind(records: Sequence[RequestRecord]) -> str:
+    """ "quanta" when the server split its latency (the ``quanta`` extension), else "other"."""
+    return "quanta" if any(r.server_queue_s is not None for r in records) else "other"
+
+
+def build_result(
+    *,
+    label: str,
+    spec: WorkloadSpec,
+    flags: dict[str, Any],
+    env: dict[str, Any],
+    records: Sequence[RequestRecord],
+    summary: RunSummary,
+) -> dict[str, Any]:
+    origin = min((r.sent for r in records), default=0.0)
+    return {
+        "schema": SCHEMA,
+        "label": label,
+        "server_kind": server_kind(records),
+        "config": {"workload": spec.as_dict(), "flags": flags},
+        "environment": env,
+        "summary": summary.as_dict(),
+        "service": {
+            "bin_s": summary.timeline_bin_s,
+            "origin": origin,
+            "cumulative": cumulative_service(records, summary.timeline_bin_s, origin),
+        },
+        "requests": [r.to_row() for r in records],
+    }
+
+
+def write_result(result: dict[str, Any], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(result, indent=1, allow_nan=False))
+    tmp.replace(path)
+
+
+def load_result(path: Path) -> dict[str, Any]:
+    data = json.loads(path.read_text())
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        raise ValueError(f"{path}: not a {SCHEMA} results file")
+    return data
+
+
+def records_of(result: dict[str, Any]) -> list[RequestRecord]:
+    return [RequestRecord.from_row(row) for row in result["requests"]]

@@ -1,0 +1,1 @@
+"""Tenancy: API keys, quotas, the limiter, the key cache and the usage ledger."""

@@ -1,0 +1,183 @@
+"""The usage ledger, written in batches off the request path.
+
+    request ends ─▶ record(row), a list append
+    authenticated ─▶ touch(key, t)
+                     every 0.5 s or 500 rows, one transaction:
+                       ├ usage_ledger += the rows
+                       ├ usage_daily  += the rows summed per UTC day, tenant, key, class
+                       └ api_keys.last_used_at
+``stop()`` flushes what is left, so a clean shutdown loses nothing. A failed flush keeps its
+rows for the next one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+from typing import cast
+
+from sqlalchemy import Table, bindparam, insert, select, update
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from app.db.models import ApiKey, DailyUsage, UsageRecord
+
+log = logging.getLogger("quanta.ledger")
+
+
+@dataclass(frozen=True, slots=True)
+class UsageRow:
+    request_id: str
+    tenant_id: str
+    key_id: str
+    slo_class: str
+    status: str
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    charged_tokens: int
+    queue_s: float | None
+    ttft_s: float | None
+    duration_s: float | None
+    started_at: float
+    finished_at: float
+
+
+def utc_day(t: float) -> str:
+    return time.strftime("%Y-%m-%d", time.gmtime(t))
+
+
+class LedgerWriter:
+    def __init__(
+        self,
+        sessions: async_sessionmaker[AsyncSession],
+        *,
+        every_s: float = 0.5,
+        max_batch: int = 500,
+    ) -> None:
+        self._sessions = sessions
+        self._every_s = every_s
+        self._max_batch = max_batch
+        self._rows: list[UsageRow] = []
+        self._touched: dict[str, float] = {}
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._lock = asyncio.Lock()
+
+    def record(self, row: UsageRow) -> None:
+        self._rows.append(row)
+        if len(self._rows) >= self._max_batch:
+            self._wake.set()
+
+    def touch(self, key_id: str, at: float) -> None:
+        self._touched[key_id] = at
+
+    @property
+    def pending(self) -> int:
+        return len(self._rows)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        await self.flush()
+
+    async def _run(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self._every_s)
+            self._wake.clear()
+            try:
+                await self.flush()
+            except Exception:
+                log.exception("ledger flush failed; will retry")
+
+    async def flush(self) -> None:
+        async with self._lock:
+            rows, self._rows = self._rows, []
+            touched, self._touched = self._touched, {}
+            if not rows and not touched:
+                return
+            try:
+                async with self._sessions.begin() as session:
+                    if rows:
+                        await session.execute(insert(UsageRecord), [asdict(r) for r in rows])
+                        await _roll_up(session, rows)
+                    if touched:
+                        # Core executemany: a key deleted meanwhile matches no row, no error.
+                        keys = cast(Table, ApiKey.__table__)
+                        await session.execute(
+                            update(keys)
+                            .where(keys.c.id == bindparam("b_id"))
+                            .values(last_used_at=bindparam("b_at")),
+                            [{"b_id": k, "b_at": at} for k, at in touched.items()],
+                        )
+            except Exception:
+                self._rows[:0] = rows
+                for key_id, at in touched.items():
+                    self._touched.setdefault(key_id, at)
+                raise
+
+
+async def _roll_up(session: AsyncSession, rows: list[UsageRow]) -> None:
+    sums: dict[tuple[str, str, str, str], list[int]] = defaultdict(lambda: [0, 0, 0, 0, 0])
+    for r in rows:
+        s = sums[(utc_day(r.started_at), r.tenant_id, r.key_id, r.slo_class)]
+        s[0] += 1
+        s[1] += r.prompt_tokens
+        s[2] += r.cached_tokens
+        s[3] += r.completion_tokens
+        s[4] += r.charged_tokens
+    # Read-modify-write: one server process is the only writer of the rollup. One SELECT,
+    # then one executemany UPDATE and one executemany INSERT.
+    days = {k[0] for k in sums}
+    keys = {k[2] for k in sums}
+    found = await session.execute(
+        select(DailyUsage.day, DailyUsage.tenant_id, DailyUsage.key_id, DailyUsage.slo_class).where(
+            DailyUsage.day.in_(days), DailyUsage.key_id.in_(keys)
+        )
+    )
+    existing = {tuple(row) for row in found}
+    updates, inserts = [], []
+    for (day, tenant_id, key_id, slo_class), (n, p, c, o, charged) in sums.items():
+        pk = {"day": day, "tenant_id": tenant_id, "key_id": key_id, "slo_class": slo_class}
+        values = {
+            "requests": n,
+            "prompt_tokens": p,
+            "cached_tokens": c,
+            "completion_tokens": o,
+            "charged_tokens": charged,
+        }
+        if (day, tenant_id, key_id, slo_class) in existing:
+            updates.append((pk, values))
+        else:
+            inserts.append(pk | values)
+    if inserts:
+        await session.execute(insert(DailyUsage), inserts)
+    table = cast(Table, DailyUsage.__table__)
+    if updates:
+        statement = (
+            update(table)
+            .where(
+                table.c.day == bindparam("b_day"),
+                table.c.tenant_id == bindparam("b_tenant_id"),
+                table.c.key_id == bindparam("b_key_id"),
+                table.c.slo_class == bindparam("b_slo_class"),
+            )
+            .values({name: table.c[name] + bindparam(f"b_{name}") for name in _SUMMED})
+        )
+        await session.execute(
+            statement,
+            [{f"b_{k}": v for k, v in (pk | values).items()} for pk, values in updates],
+        )
+
+
+_SUMMED = ("requests", "prompt_tokens", "cached_tokens", "completion_tokens", "charged_tokens")

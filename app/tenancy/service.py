@@ -1,0 +1,289 @@
+"""``Tenancy``: who is asking, may they, and what did they use — without waiting on the DB.
+
+    authenticate(header)  HMAC → Directory (memory)        401 / 403, or a Principal
+    admit(principal, …)   Limiter.check, then .charge       429, or an Admission
+    Admission.close()     Limiter.settle + LedgerWriter.record (a list append)
+
+Started by the app's lifespan: checks the schema is at head, loads the directory, rebuilds
+the counters from the ledger, starts the ledger writer; stopping flushes the ledger.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import func, select
+
+from app.db.engine import make_engine, make_sessionmaker
+from app.db.migrate import check_at_head
+from app.db.models import AdminCredential, DailyUsage, UsageRecord
+from app.errors import InvalidApiKey, RateLimited, TenantSuspended
+from app.settings import Settings
+from app.tenancy.directory import Directory, KeyView, TenantView
+from app.tenancy.keys import KeyHasher, load_secret, same_digest, sha256_hex
+from app.tenancy.ledger import LedgerWriter, UsageRow, utc_day
+from app.tenancy.limiter import MINUTE, Charge, Limiter, Remaining, Scope
+from app.tenancy.limits import UNLIMITED, Denial, duration
+
+NEGATIVE_TTL_S = 5.0  # an unknown key is looked up in the DB at most this often
+NEGATIVE_MAX = 10_000
+NOT_COUNTED = ("rejected",)  # statuses whose request does not count against RPM
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    key: KeyView
+    tenant: TenantView
+
+    def scopes(self) -> tuple[Scope, ...]:
+        # The key's scope is charged even without a policy of its own: its live counters.
+        key = Scope(f"key {self.key.id}", self.key.limits or UNLIMITED)
+        return (key, Scope(f"tenant {self.tenant.id}", self.tenant.limits))
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What a request was served, read when it ends."""
+
+    status: str  # completed | cancelled | error | rejected
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    queue_s: float | None = None
+    ttft_s: float | None = None
+
+
+NOTHING_SERVED = Outcome("error")
+
+
+@dataclass(frozen=True, slots=True)
+class LiveUsage:
+    requests_last_minute: int
+    tokens_last_minute: int
+    tokens_today: int
+    concurrent_requests: int
+
+
+def bearer(authorization: str | None) -> str | None:
+    if not authorization:
+        return None
+    scheme, _, value = authorization.partition(" ")
+    value = value.strip()
+    return value if scheme.lower() == "bearer" and value else None
+
+
+def _masked(value: str) -> str:
+    return f"{value[:6]}***{value[-4:]}" if len(value) > 12 else "***"
+
+
+def rate_headers(r: Remaining) -> dict[str, str]:
+    headers: dict[str, str] = {}
+    if r.limit_requests is not None:
+        headers["x-ratelimit-limit-requests"] = str(r.limit_requests)
+        headers["x-ratelimit-remaining-requests"] = str(r.remaining_requests)
+        headers["x-ratelimit-reset-requests"] = duration(r.reset_requests_s)
+    if r.limit_tokens is not None:
+        headers["x-ratelimit-limit-tokens"] = str(r.limit_tokens)
+        headers["x-ratelimit-remaining-tokens"] = str(r.remaining_tokens)
+        headers["x-ratelimit-reset-tokens"] = duration(r.reset_tokens_s)
+    return headers
+
+
+def rate_limited(denial: Denial) -> RateLimited:
+    headers = {
+        "retry-after": str(max(1, math.ceil(denial.retry_after_s))),
+        "retry-after-ms": str(max(1, math.ceil(denial.retry_after_s * 1000))),
+    }
+    if not denial.should_retry:
+        headers["x-should-retry"] = "false"
+    if denial.is_quota:
+        kind = code = "insufficient_quota"
+    else:
+        kind = "tokens" if "token" in denial.limit.value else "requests"
+        code = "rate_limit_exceeded"
+    return RateLimited(denial.message(), kind=kind, code=code, headers=headers)
+
+
+class Tenancy:
+    def __init__(self, settings: Settings, clock: Callable[[], float] = time.time) -> None:
+        self.settings = settings
+        self.clock = clock
+        self.engine = make_engine(settings.database_url)
+        self.sessions = make_sessionmaker(self.engine)
+        self.hasher = KeyHasher(load_secret(settings))
+        self.directory = Directory()
+        self.limiter = Limiter()
+        self.ledger = LedgerWriter(self.sessions)
+        self.admin_hash: str | None = None
+        self._unknown: dict[str, float] = {}
+
+    @asynccontextmanager
+    async def lifespan(self, _: Any) -> AsyncIterator[None]:
+        await self.start()
+        try:
+            yield
+        finally:
+            await self.stop()
+
+    async def start(self) -> None:
+        await check_at_head(self.settings.database_url)
+        async with self.sessions() as session:
+            await self.directory.load_all(session)
+            if self.settings.admin_key is not None:
+                self.admin_hash = sha256_hex(self.settings.admin_key.get_secret_value())
+            else:
+                self.admin_hash = await session.scalar(
+                    select(AdminCredential.hashed).order_by(AdminCredential.id.desc()).limit(1)
+                )
+        await self.rebuild_counters()
+        self.ledger.start()
+
+    async def stop(self) -> None:
+        await self.ledger.stop()
+        await self.engine.dispose()
+
+    async def rebuild_counters(self) -> None:
+        """Set (never add to) the counters from the ledger: its last minute and today."""
+        now = self.clock()
+        async with self.sessions() as session:
+            recent = await session.execute(
+                select(
+                    UsageRecord.tenant_id,
+                    UsageRecord.key_id,
+                    UsageRecord.started_at,
+                    UsageRecord.charged_tokens,
+                    UsageRecord.status,
+                )
+                .where(UsageRecord.started_at > now - MINUTE)
+                .order_by(UsageRecord.started_at)
+            )
+            today = await session.execute(
+                select(DailyUsage.tenant_id, DailyUsage.key_id, func.sum(DailyUsage.charged_tokens))
+                .where(DailyUsage.day == utc_day(now))
+                .group_by(DailyUsage.tenant_id, DailyUsage.key_id)
+            )
+            minute: list[tuple[str, float, int, bool]] = []
+            for tenant_id, key_id, at, tokens, status in recent:
+                counted = status not in NOT_COUNTED
+                minute.append((f"tenant {tenant_id}", at, tokens, counted))
+                minute.append((f"key {key_id}", at, tokens, counted))
+            day: list[tuple[str, int]] = []
+            for tenant_id, key_id, tokens in today:
+                day.append((f"tenant {tenant_id}", int(tokens or 0)))
+                day.append((f"key {key_id}", int(tokens or 0)))
+        self.limiter.rebuild(minute, day, now)
+
+    # ---- the hot path ----
+
+    async def authenticate(self, authorization: str | None) -> Principal:
+        value = bearer(authorization)
+        if value is None:
+            raise InvalidApiKey(
+                "You didn't provide an API key. Send it as 'Authorization: Bearer YOUR_KEY'."
+            )
+        hashed = self.hasher.hash(value)
+        now = self.clock()
+        key = self.directory.find(hashed)
+        if key is None:
+            key = await self._find_new(hashed, now)
+        if key is None:
+            raise InvalidApiKey(f"Incorrect API key provided: {_masked(value)}.")
+        if key.status != "active":
+            raise InvalidApiKey("This API key has been revoked.")
+        if key.expires_at is not None and now >= key.expires_at:
+            raise InvalidApiKey("This API key has expired.")
+        if hashed != key.hashed and (key.previous_expires_at or 0.0) <= now:
+            raise InvalidApiKey("This API key was rotated and its grace period is over.")
+        tenant = self.directory.tenants[key.tenant_id]
+        if tenant.status != "active":
+            raise TenantSuspended(tenant.name)
+        self.ledger.touch(key.id, now)
+        return Principal(key, tenant)
+
+    async def _find_new(self, hashed: str, now: float) -> KeyView | None:
+        """A key created outside this process (the CLI): one DB lookup, negatively cached."""
+        if self._unknown.get(hashed, 0.0) > now:
+            return None
+        async with self.sessions() as session:
+            key = await self.directory.load_key_by_hash(session, hashed)
+        if key is None:
+            if len(self._unknown) >= NEGATIVE_MAX:
+                self._unknown.clear()
+            self._unknown[hashed] = now + NEGATIVE_TTL_S
+        return key
+
+    def headers(self, principal: Principal) -> dict[str, str]:
+        return rate_headers(self.limiter.remaining(principal.scopes(), self.clock()))
+
+    def admit(self, principal: Principal, request_id: str, reserve_tokens: int) -> Admission:
+        now = self.clock()
+        scopes = principal.scopes()
+        denial = self.limiter.check(scopes, reserve_tokens, now)
+        if denial is not None:
+            raise rate_limited(denial)
+        return Admission(
+            self, principal, request_id, self.limiter.charge(scopes, reserve_tokens, now)
+        )
+
+    def live(self, scope: str) -> LiveUsage:
+        now = self.clock()
+        c = self.limiter.counters(scope)
+        return LiveUsage(c.requests.used(now), c.tokens.used(now), c.tokens_today(now), c.in_flight)
+
+    def check_admin(self, authorization: str | None) -> None:
+        value = bearer(authorization)
+        wanted = self.admin_hash
+        if wanted is None:
+            raise InvalidApiKey("the admin API has no key configured", code="invalid_admin_key")
+        if value is None or not same_digest(sha256_hex(value), wanted):
+            raise InvalidApiKey("Incorrect admin key.", code="invalid_admin_key")
+
+
+class Admission:
+    """One admitted request's reservation; ``close`` settles it exactly once."""
+
+    def __init__(
+        self, tenancy: Tenancy, principal: Principal, request_id: str, charge: Charge
+    ) -> None:
+        self._tenancy = tenancy
+        self._principal = principal
+        self._request_id = request_id
+        self._charge = charge
+        self._outcome: Callable[[], Outcome] | None = None
+
+    def bind(self, outcome: Callable[[], Outcome]) -> None:
+        self._outcome = outcome
+
+    def close(self) -> None:
+        if self._charge.settled:
+            return
+        t = self._tenancy
+        now = t.clock()
+        out = self._outcome() if self._outcome is not None else NOTHING_SERVED
+        served = out.status != "rejected" and self._outcome is not None
+        charged = out.prompt_tokens + out.completion_tokens if served else 0
+        t.limiter.settle(self._charge, charged, now, count_request=served)
+        key = self._principal.key
+        t.ledger.record(
+            UsageRow(
+                request_id=self._request_id,
+                tenant_id=key.tenant_id,
+                key_id=key.id,
+                slo_class=key.slo_class.value,
+                status=out.status,
+                prompt_tokens=out.prompt_tokens,
+                cached_tokens=out.cached_tokens,
+                completion_tokens=out.completion_tokens,
+                charged_tokens=charged,
+                queue_s=out.queue_s,
+                ttft_s=out.ttft_s,
+                duration_s=now - self._charge.at,
+                started_at=self._charge.at,
+                finished_at=now,
+            )
+        )

@@ -1,0 +1,95 @@
+"""SLO targets per class, and whether a request met them.
+
+Interactive requests have a time-to-first-token target and a per-token target; batch requests
+have a completion deadline. Defaults are sized for the reference machine (2 CPU cores,
+SmolLM2-135M: one sequence decodes at ~10 ms/token, a batched step takes 100–350 ms, prefill
+runs at ~220 tokens/s): a 256-token prompt alone prefills in ~1.2 s, so 2 s to the first token
+leaves room for a short queue, and 250 ms per token is slower than a busy batched step but
+still faster than anyone reads. A workload file overrides them per class.
+
+Two views of "met":
+
+- goodput: the request met every target of its class (TTFT ≤ target and TPOT ≤ target, or
+  end-to-end ≤ deadline).
+- smooth goodput: every token arrived by its own deadline,
+  ``sent + ttft_s + i × itl_s`` for token i (0 = the first), so a fast start cannot buy a
+  stall in the middle; for a deadline class every token arrived by ``sent + deadline_s``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from quanta_core.metrics.records import RequestRecord
+from quanta_core.requests import SloClass
+
+
+@dataclass(frozen=True, slots=True)
+class SloTargets:
+    """Seconds; ``None``: no target of that kind."""
+
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    itl_s: float | None = None  # the smooth-goodput pace; defaults to tpot_s
+    deadline_s: float | None = None  # end-to-end
+
+    @property
+    def pace_s(self) -> float | None:
+        return self.itl_s if self.itl_s is not None else self.tpot_s
+
+    def as_dict(self) -> dict[str, float | None]:
+        return {
+            "ttft_s": self.ttft_s,
+            "tpot_s": self.tpot_s,
+            "itl_s": self.itl_s,
+            "deadline_s": self.deadline_s,
+        }
+
+
+INTERACTIVE_DEFAULT = SloTargets(ttft_s=2.0, tpot_s=0.25, itl_s=0.25)
+BATCH_DEFAULT = SloTargets(deadline_s=120.0)
+
+
+def default_targets() -> dict[SloClass, SloTargets]:
+    return {SloClass.INTERACTIVE: INTERACTIVE_DEFAULT, SloClass.BATCH: BATCH_DEFAULT}
+
+
+def meets_slo(record: RequestRecord, targets: SloTargets) -> bool:
+    """Goodput: a finished request that met every target of its class."""
+    if not record.ok or record.finished is None:
+        return False
+    ttft, tpot, e2e = record.ttft, record.tpot, record.e2e
+    if targets.ttft_s is not None and (ttft is None or ttft > targets.ttft_s):
+        return False
+    # A one-token answer has no TPOT: nothing to miss.
+    if targets.tpot_s is not None and tpot is not None and tpot > targets.tpot_s:
+        return False
+    return not (targets.deadline_s is not None and (e2e is None or e2e > targets.deadline_s))
+
+
+def token_deadlines(record: RequestRecord, targets: SloTargets) -> list[float | None]:
+    """Each streamed token's deadline (``None``: it has none)."""
+    out: list[float | None] = []
+    pace = targets.pace_s
+    for i in range(len(record.token_times)):
+        bounds: list[float] = []
+        if targets.ttft_s is not None:
+            bounds.append(record.sent + targets.ttft_s + i * (pace or 0.0))
+        if targets.deadline_s is not None:
+            bounds.append(record.sent + targets.deadline_s)
+        out.append(min(bounds) if bounds else None)
+    return out
+
+
+def tokens_on_time(record: RequestRecord, targets: SloTargets) -> int:
+    deadlines = token_deadlines(record, targets)
+    return sum(1 for t, d in zip(record.token_times, deadlines, strict=True) if d is None or t <= d)
+
+
+def meets_smooth_slo(record: RequestRecord, targets: SloTargets) -> bool:
+    """Smooth goodput: a finished request whose every token arrived by its deadline."""
+    if not record.ok or record.finished is None or not record.token_times:
+        return False
+    if targets.deadline_s is not None and record.finished - record.sent > targets.deadline_s:
+        return False
+    return tokens_on_time(record, targets) == len(record.token_times)

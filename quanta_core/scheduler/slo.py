@@ -1,0 +1,99 @@
+"""SLO classes, their targets and the queue bounds: one frozen config for ``vtc`` and ``slo``.
+
+The defaults come from this machine's measured engine (2 CPU cores, SmolLM2-135M Q4_1):
+
+    one sequence, one decode step          ~10 ms
+    batched decode, 16 / 64 sequences      ~100 / ~350 ms per step (only 1.5-1.8x the
+                                           throughput of one stream: the CPU is compute bound)
+    prefill                                ~220 tokens/s  (~4.5 ms per prompt token)
+
+A line through those points prices a step of ``s`` sequences carrying ``t`` tokens:
+
+    step_s(s, t) = 4.5 ms + 5.5 ms * s + 4.5 ms * (t - s)
+                   1 decode: 10 ms    16 decodes: 92 ms    64 decodes: 357 ms
+                   a 256-token prompt alone: 1.16 s (= 256 / 220)
+
+and the targets follow from it:
+
+- ``interactive_itl_s = 0.25``: slower than a busy batched step (16 streams: ~90 ms) yet faster
+  than anyone reads (4 tokens/s). Under it a step may carry ~44 tokens (44 decodes, or a few
+  decodes and a prefill chunk), so the ``slo`` policy caps the batch and the step there.
+- ``interactive_ttft_s = 2.0``: a 256-token prompt prefills in ~1.2 s alone (~1.5 s in
+  ITL-sized chunks beside running streams), which leaves room for a short queue.
+- ``batch_deadline_s = 120``: a 1,000-token batch job (prompt + output) at the throughput of a
+  busy machine (16 streams at ~100 ms per step: ~6 tokens/s each) takes ~3 minutes at worst
+  and ~30 s with a fair share of a lightly loaded one; two minutes is a real deadline that
+  leaves interactive traffic first claim on the machine.
+- ``batch_aging_s = 30``: a waiting batch request is promoted ahead of interactive traffic
+  after a quarter of its deadline, so it still has ~90 s to run (see ``SloPolicy`` for the
+  bound on its wait).
+
+These are the same targets ``quanta_core.metrics.slo`` scores goodput against.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from quanta_core.requests import SloClass
+
+
+@dataclass(frozen=True, slots=True)
+class QueueBound:
+    """At most this many requests, and prompt tokens, waiting in one queue."""
+
+    max_requests: int
+    max_tokens: int
+
+    def __post_init__(self) -> None:
+        if self.max_requests < 1 or self.max_tokens < 1:
+            raise ValueError(f"queue bounds must be >= 1: {self}")
+
+
+@dataclass(frozen=True, slots=True)
+class SloConfig:
+    # targets
+    interactive_ttft_s: float = 2.0
+    interactive_itl_s: float = 0.25
+    batch_deadline_s: float = 120.0
+    batch_aging_s: float = 30.0  # a batch request waiting this long goes ahead of interactive
+    # Plan steps at this fraction of the ITL target: a step's time varies by ~10-20 %.
+    itl_headroom: float = 0.8
+    # Running slots batch leaves free (unless promoted by aging), so that an interactive
+    # arrival starts at the next step instead of waiting for a batch job to end.
+    interactive_reserve: int = 1
+    # queue bounds (waiting requests and their prompt tokens), per class and in all; a
+    # queued batch request is shed to make room in the shared bound for an interactive one
+    interactive_queue: QueueBound = QueueBound(64, 16_384)
+    batch_queue: QueueBound = QueueBound(256, 131_072)
+    total_queue: QueueBound = QueueBound(256, 131_072)
+    # VTC prices: service is (input + 2 * output) / weight
+    input_cost: float = 1.0
+    output_cost: float = 2.0
+    # step-cost prior (seconds; see the module docstring), corrected online per batch size
+    step_base_s: float = 0.0045
+    step_seq_s: float = 0.0055
+    step_token_s: float = 0.0045
+    step_ewma_alpha: float = 0.2
+    # an answer's length before any has finished (admission estimates), then learnt online
+    expected_output_tokens: int = 128
+
+    def __post_init__(self) -> None:
+        positive = (
+            self.interactive_ttft_s,
+            self.interactive_itl_s,
+            self.batch_deadline_s,
+            self.step_seq_s,
+            self.step_token_s,
+        )
+        if min(positive) <= 0:
+            raise ValueError(f"SLO targets and step costs must be > 0: {self}")
+        if self.batch_aging_s < 0 or self.step_base_s < 0 or self.interactive_reserve < 0:
+            raise ValueError(f"batch_aging_s, step_base_s, interactive_reserve >= 0: {self}")
+        if not 0 < self.itl_headroom <= 1 or not 0 < self.step_ewma_alpha <= 1:
+            raise ValueError(f"itl_headroom and step_ewma_alpha must be in (0, 1]: {self}")
+        if self.input_cost < 0 or self.output_cost < 0 or self.expected_output_tokens < 1:
+            raise ValueError(f"costs must be >= 0 and expected_output_tokens >= 1: {self}")
+
+    def queue_bound(self, slo_class: SloClass) -> QueueBound:
+        return self.interactive_queue if slo_class is SloClass.INTERACTIVE else self.batch_queue

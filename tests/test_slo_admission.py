@@ -1,0 +1,290 @@
+"""Admission answers at once: START, QUEUE, or REJECT with a kind and a retry-after.
+
+Estimates come from the step-cost model's prior (the fake executor reports no timings). The
+"honest retry-after" test paces a virtual clock by that same model, as if the engine ran at
+exactly the predicted speed.
+"""
+
+from __future__ import annotations
+
+from quanta_core.clock import VirtualClock
+from quanta_core.engine.fake import FakeExecutor
+from quanta_core.requests import (
+    ChoiceResult,
+    ChoiceTimings,
+    FinishReason,
+    GenerationRequest,
+    RejectionKind,
+    SloClass,
+)
+from quanta_core.scheduler import (
+    AdmissionDecision,
+    AdmissionVerdict,
+    Driver,
+    QueueBound,
+    Scheduler,
+    SchedulerConfig,
+    SloConfig,
+)
+from quanta_core.scheduler.fair_policies import SloPolicy
+from tests.scheduler_harness import Harness, prompt
+
+INTER, BATCH = SloClass.INTERACTIVE, SloClass.BATCH
+START, QUEUE, REJECT = AdmissionDecision.START, AdmissionDecision.QUEUE, AdmissionDecision.REJECT
+
+
+def submit(
+    h: Harness, rid: str, n: int = 40, max_tokens: int = 20, **kw: object
+) -> AdmissionVerdict:
+    base = 100 + (sum(map(ord, rid)) % 500)
+    req = GenerationRequest(rid, prompt(n, base=base), max_tokens, **kw)  # type: ignore[arg-type]
+    verdict = h.sched.submit(req)
+    h.events.extend(h.sched.drain_events())
+    return verdict
+
+
+def slo_harness(**slo: object) -> Harness:
+    return Harness.make(policy="slo", max_running=1, slo=SloConfig(**slo))  # type: ignore[arg-type]
+
+
+def test_start_when_a_slot_is_free_else_queue() -> None:
+    h = Harness.make(policy="slo", max_running=2)
+    assert submit(h, "a").decision is START
+    h.cycle()
+    assert submit(h, "b").decision is START
+    assert submit(h, "c").decision is QUEUE  # both slots taken (a running, b about to)
+    assert (
+        Harness.make(policy="fcfs").sched.submit(GenerationRequest("x", prompt(4), 1)).decision
+        is START
+    )
+
+
+def test_a_tenant_over_its_share_is_told_429_others_still_get_in_then_503() -> None:
+    h = slo_harness(interactive_ttft_s=1.0)
+    verdicts = [submit(h, f"hog{k}", tenant="hog") for k in range(4)]
+    assert [v.decision for v in verdicts] == [START, QUEUE, QUEUE, REJECT]
+    hog = verdicts[-1]
+    assert hog.rejection is RejectionKind.TENANT_OVER_SHARE
+    assert hog.reason == "expected first token in 1.3 s, over the interactive target of 1 s"
+    # Another tenant goes ahead of hog's queue (VTC takes turns): it gets in.
+    assert submit(h, "t0", tenant="t0").decision is QUEUE
+    assert submit(h, "t1", tenant="t1").decision is QUEUE
+    # Now anyone new finds the machine too busy: not one tenant's doing.
+    late = submit(h, "t2", tenant="t2")
+    assert (late.decision, late.rejection) == (REJECT, RejectionKind.OVERLOADED)
+    # the rejected requests finished REJECTED at once, with the same kind and retry-after
+    res = h.results()["hog3", 0]
+    assert res.finish_reason is FinishReason.REJECTED
+    assert (res.rejection, res.retry_after_s) == (hog.rejection, hog.retry_after_s)
+    assert res.timings.finished == res.timings.arrival == 0.0
+
+
+def test_retry_after_is_honest_on_an_engine_as_fast_as_the_model() -> None:
+    ex, clock = FakeExecutor(), VirtualClock()
+    config = SchedulerConfig(policy="slo", max_running=1, slo=SloConfig(interactive_ttft_s=1.0))
+    sched = Scheduler(config, ex.info, clock)
+    assert isinstance(sched.policy, SloPolicy)
+    cost = sched.policy.cost
+
+    def cycle() -> None:
+        plan = sched.schedule()
+        clock.advance(cost.estimate(len(plan.slices), sum(len(s.tokens) for s in plan.slices)))
+        sched.update(plan, ex.step(plan))
+
+    def ask(rid: str) -> AdmissionVerdict:
+        return sched.submit(GenerationRequest(rid, prompt(40), 20, tenant="hog"))
+
+    for k in range(3):
+        assert ask(f"r{k}").decision is not REJECT
+    first = ask("r3")
+    assert first.decision is REJECT and first.retry_after_s is not None
+    t0, retry = clock.now(), first.retry_after_s
+    while clock.now() < t0 + retry / 2:
+        cycle()
+    halfway = ask("r4")
+    assert halfway.decision is REJECT and halfway.retry_after_s is not None
+    # the estimate stays consistent as the queue drains: the same moment, within a step
+    assert abs((clock.now() + halfway.retry_after_s) - (t0 + retry)) < 0.02
+    while clock.now() < t0 + retry:
+        cycle()
+    assert ask("r5").decision is QUEUE
+
+
+def test_a_request_that_misses_its_target_even_alone_is_served_best_effort() -> None:
+    h = slo_harness(interactive_ttft_s=0.5)
+    # 300 prompt tokens prefill in ~1.4 s on an idle machine: no queue is in its way
+    assert submit(h, "big", n=300).decision is START
+    # a small one behind it would wait for its prefill: that is the queue's doing
+    small = submit(h, "small", n=8, tenant="other")
+    assert (small.decision, small.rejection) == (REJECT, RejectionKind.OVERLOADED)
+    h.run()
+    assert h.results()["big", 0].finish_reason is FinishReason.LENGTH
+
+
+def test_batch_that_cannot_meet_its_deadline_is_rejected_at_once() -> None:
+    h = slo_harness(batch_deadline_s=1.0)
+    assert submit(h, "b0", max_tokens=50, slo_class=BATCH).decision is START  # ~0.7 s
+    late = submit(h, "b1", max_tokens=50, slo_class=BATCH)
+    assert late.decision is REJECT and late.reason is not None
+    assert late.reason.startswith("expected completion in 1.4 s, over the batch target of 1 s")
+    assert late.rejection is RejectionKind.TENANT_OVER_SHARE  # its own b0 is in the way
+    assert submit(h, "x0", max_tokens=50, slo_class=BATCH, tenant="x").rejection is (
+        RejectionKind.OVERLOADED
+    )
+
+
+def test_a_full_class_queue_rejects_429_for_its_biggest_user_503_for_others() -> None:
+    h = slo_harness(interactive_queue=QueueBound(2, 10_000))
+    assert [submit(h, f"a{k}", n=4, max_tokens=2, tenant="a").decision for k in range(2)] == [
+        START,
+        QUEUE,
+    ]
+    full = submit(h, "a2", n=4, max_tokens=2, tenant="a")
+    assert (full.decision, full.rejection) == (REJECT, RejectionKind.TENANT_OVER_SHARE)
+    assert full.reason == "the interactive queue is full (2 requests waiting)"
+    assert full.retry_after_s is not None and full.retry_after_s > 0
+    other = submit(h, "b0", n=4, max_tokens=2, tenant="b")
+    assert (other.decision, other.rejection) == (REJECT, RejectionKind.OVERLOADED)
+
+
+def test_a_full_token_bound_rejects_too() -> None:
+    h = slo_harness(interactive_queue=QueueBound(100, 50))
+    assert submit(h, "a0", n=30, max_tokens=2).decision is START
+    assert submit(h, "a1", n=30, max_tokens=2).decision is REJECT
+
+
+def test_batch_is_shed_newest_first_to_make_room_for_interactive() -> None:
+    h = slo_harness(total_queue=QueueBound(3, 100_000))
+    for k in range(3):
+        assert submit(h, f"b{k}", n=8, max_tokens=2, slo_class=BATCH).decision is not REJECT
+    assert submit(h, "b3", n=8, max_tokens=2, slo_class=BATCH).decision is REJECT  # batch: no room
+    verdict = submit(h, "i0", n=8, max_tokens=2, slo_class=INTER)
+    assert verdict.decision is START  # interactive goes first; the slot is free
+    assert [r.request_id for r in verdict.shed] == ["b2"]
+    shed = h.results()["b2", 0]
+    assert (shed.finish_reason, shed.rejection) == (FinishReason.REJECTED, RejectionKind.OVERLOADED)
+    assert shed.retry_after_s is not None and shed.retry_after_s > 0
+    assert shed.error is not None and "shed" in shed.error
+    h.run()
+    finished = {
+        rid for (rid, _), r in h.results().items() if r.finish_reason is FinishReason.LENGTH
+    }
+    assert finished == {"b0", "b1", "i0"}
+
+
+def test_interactive_is_never_shed() -> None:
+    h = slo_harness(total_queue=QueueBound(2, 100_000))
+    assert submit(h, "b0", n=8, max_tokens=2, slo_class=BATCH).decision is START
+    assert submit(h, "i0", n=8, max_tokens=2, slo_class=INTER, tenant="x").decision is START
+    # the shared queue is full: the newest request is interactive, but only batch is shed
+    verdict = submit(h, "i1", n=8, max_tokens=2, slo_class=INTER, tenant="y")
+    assert [r.request_id for r in verdict.shed] == ["b0"]
+    full = submit(h, "i2", n=8, max_tokens=2, slo_class=INTER, tenant="z")
+    assert (full.decision, full.rejection, full.shed) == (REJECT, RejectionKind.OVERLOADED, ())
+
+
+def test_preempted_work_is_never_shed() -> None:
+    h = Harness.make(
+        FakeExecutor(n_ctx=64),
+        policy="slo",
+        enable_prefix_cache=False,
+        slo=SloConfig(total_queue=QueueBound(1, 100_000)),
+    )
+    assert submit(h, "b0", n=16, max_tokens=20, slo_class=BATCH).decision is START
+    h.cycle()  # b0's prompt: 1 of the 4 blocks
+    assert submit(h, "b1", n=32, max_tokens=20, slo_class=BATCH).decision is START
+    h.cycle()  # b0 decodes (2 blocks), b1's prompt (2 blocks): the pool is full
+    h.cycle()  # b1's first decode needs a fifth block: b1 is preempted (stashed)
+    policy = h.sched.policy
+    assert isinstance(policy, SloPolicy)
+    [queued] = list(policy.queue)
+    assert queued.preemptions == 1
+    # the shared queue is full with preempted work: the interactive arrival is refused
+    verdict = submit(h, "i0", n=8, max_tokens=2, slo_class=INTER)
+    assert (verdict.decision, verdict.rejection) == (REJECT, RejectionKind.OVERLOADED)
+    assert verdict.shed == ()
+    h.run()
+    assert h.results()[queued.request_id, 0].finish_reason is FinishReason.LENGTH
+
+
+def test_promoted_batch_is_not_shed_either() -> None:
+    h = Harness.make(
+        policy="slo",
+        max_running=1,
+        slo=SloConfig(total_queue=QueueBound(2, 100_000), batch_aging_s=0.02),
+    )
+    submit(h, "b0", n=8, max_tokens=30, slo_class=BATCH)
+    submit(h, "b1", n=8, max_tokens=30, slo_class=BATCH)
+    for _ in range(3):
+        h.cycle()  # b1 waits 0.03 s: promoted
+    policy = h.sched.policy
+    assert isinstance(policy, SloPolicy)
+    assert [r.request_id for r in policy.queue.promoted] == ["b1"]
+    submit(h, "b2", n=8, max_tokens=30, slo_class=BATCH)
+    verdict = submit(h, "i0", n=8, max_tokens=2, slo_class=INTER)
+    assert [r.request_id for r in verdict.shed] == ["b2"]
+
+
+def test_vtc_and_fcfs_never_reject_for_load() -> None:
+    for policy in ("vtc", "fcfs"):
+        h = Harness.make(policy=policy, max_running=1)
+        verdicts = [submit(h, f"r{k}", tenant="hog") for k in range(50)]
+        assert [v.decision for v in verdicts] == [START] + [QUEUE] * 49
+
+
+async def test_the_driver_hands_back_the_rejection_at_once() -> None:
+    ex, clock = FakeExecutor(), VirtualClock()
+    config = SchedulerConfig(policy="slo", slo=SloConfig(interactive_queue=QueueBound(1, 100)))
+    driver = Driver(Scheduler(config, ex.info, clock), ex, clock)
+    driver.submit(GenerationRequest("a", prompt(8), 4))
+    handle = driver.submit(GenerationRequest("b", prompt(8), 4))
+    assert handle.done  # no cycle ran: answered at submit
+    [result] = await handle.results()
+    assert result.finish_reason is FinishReason.REJECTED
+    assert result.rejection is RejectionKind.TENANT_OVER_SHARE
+    assert result.retry_after_s is not None
+
+
+async def test_mixed_classes_and_tenants_run_to_the_end_through_the_driver() -> None:
+    ex, clock = FakeExecutor(n_ctx=1024, n_seq_max=6), VirtualClock()
+    config = SchedulerConfig(policy="slo", max_running=4, token_budget=64, check_integrity=True)
+    driver = Driver(Scheduler(config, ex.info, clock), ex, clock)
+    await driver.start()
+    handles = [
+        driver.submit(
+            GenerationRequest(
+                f"r{k}",
+                prompt(10 + 7 * k, base=40 * k),
+                6,
+                n=1 + k % 2,
+                tenant=f"t{k % 3}",
+                slo_class=INTER if k % 2 else BATCH,
+            )
+        )
+        for k in range(12)
+    ]
+    reasons = {r.finish_reason for h in handles for r in await h.results()}
+    assert reasons <= {FinishReason.LENGTH, FinishReason.REJECTED}
+    await driver.stop(grace_s=1.0)
+    stats = driver.stats()
+    assert (stats.num_running, stats.num_waiting, stats.kv_usage) == (0, 0, 0.0)
+    assert {t.tenant for t in stats.tenants} == {"t0", "t1", "t2"}
+
+
+def test_the_web_layer_answers_429_or_503_with_the_estimated_retry_after() -> None:
+    from app.openai.generation import _failure
+
+    def rejected(kind: RejectionKind | None, retry: float | None) -> ChoiceResult:
+        return ChoiceResult(
+            "r", 0, FinishReason.REJECTED, 4, 0, 0, (), ChoiceTimings(0.0), error="why",
+            rejection=kind, retry_after_s=retry,
+        )  # fmt: skip
+
+    over = _failure(rejected(RejectionKind.TENANT_OVER_SHARE, 2.2))
+    assert (over.status_code, over.type, over.code) == (429, "requests", "rate_limit_exceeded")
+    assert over.headers["retry-after"] == "3" and over.headers["retry-after-ms"] == "2200"
+    busy = _failure(rejected(RejectionKind.OVERLOADED, 0.3))
+    assert (busy.status_code, busy.code) == (503, "overloaded")
+    assert busy.headers["retry-after"] == "1" and busy.headers["retry-after-ms"] == "300"
+    plain = _failure(rejected(None, None))  # e.g. the server is stopping
+    assert (plain.status_code, plain.headers["retry-after"]) == (503, "1")
