@@ -31,7 +31,7 @@ def scheduler_config(settings: Settings) -> SchedulerConfig:
         policy=settings.policy,  # type: ignore[arg-type]  # validated by SchedulerConfig
         block_size=settings.block_size,
         max_running=settings.max_running,
-        token_budget=settings.n_batch,
+        token_budget=min(settings.token_budget, settings.n_batch),
         enable_prefix_cache=settings.prefix_cache,
         slo=SloConfig(
             interactive_ttft_s=settings.interactive_ttft_s,

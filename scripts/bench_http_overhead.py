@@ -100,7 +100,6 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--batches", default="1,8,16")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--api-key", default=os.environ.get("QUANTA_API_KEY", "none"))
     parser.add_argument("--out", type=Path, default=Path("bench/results/http_overhead.json"))
     args = parser.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
@@ -111,8 +110,9 @@ def main() -> None:
     server = start_server("--threads", str(args.threads))
     try:
         server.wait_ready()
-        name = httpx.get(f"{server.url}/v1/models").json()["data"][0]["id"]
-        http = {b: asyncio.run(http_rate(server.url, name, b, args.api_key)) for b in batches}
+        models = httpx.get(f"{server.url}/v1/models", headers=server.auth).json()
+        name = models["data"][0]["id"]
+        http = {b: asyncio.run(http_rate(server.url, name, b, server.api_key)) for b in batches}
     finally:
         server.stop()
     config = EngineConfig(model_path=model, n_ctx=8192, n_seq_max=64, threads=args.threads)
