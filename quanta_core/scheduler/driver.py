@@ -36,6 +36,9 @@ from quanta_core.scheduler.scheduler import Scheduler, SchedulerStats
 
 log = logging.getLogger(__name__)
 
+# A consumer that has not taken its events after this many event-loop turns is not waited for.
+HAND_OVER_MAX_YIELDS = 8
+
 
 class Driver:
     def __init__(self, scheduler: Scheduler, executor: Executor, clock: Clock) -> None:
@@ -147,7 +150,20 @@ class Driver:
             log.error("the engine refused a plan (a scheduler bug): %s", exc)
             self._dispatch(sched.on_plan_rejected(plan, str(exc)))
             return
-        self._dispatch(sched.update(plan, result))
+        await self._hand_over(self._dispatch(sched.update(plan, result)))
+
+    async def _hand_over(self, handles: list[RequestHandle]) -> None:
+        """Let the consumers (HTTP streams) take this step's events before the next step.
+
+        Their work then runs between engine steps instead of during one: on a machine with
+        as many cores as llama.cpp threads, anything that overlaps a step stalls the
+        engine's thread barriers (measured: bench/results/http_overhead.json).
+        """
+        for _ in range(HAND_OVER_MAX_YIELDS):
+            if not any(h.pending for h in handles):
+                break
+            await asyncio.sleep(0)
+        await asyncio.sleep(0)  # and one more turn to write what they took
 
     async def _flush(self) -> None:
         """Run the frees and releases left after the last requests, so the engine is clean."""
@@ -155,7 +171,9 @@ class Driver:
         if not plan.is_empty:
             await asyncio.to_thread(self.executor.step, plan)
 
-    def _dispatch(self, events: list[Event]) -> None:
+    def _dispatch(self, events: list[Event]) -> list[RequestHandle]:
+        """Push ``events`` to their handles; the handles that got any."""
+        touched: dict[str, RequestHandle] = {}
         for event in events:
             request_id = (
                 event.result.request_id if isinstance(event, ChoiceFinished) else (event.request_id)
@@ -164,8 +182,10 @@ class Driver:
             if handle is None:
                 continue
             handle.push(event)
+            touched[request_id] = handle
             if handle.done:
                 del self._handles[request_id]
+        return list(touched.values())
 
     def _fail_everything(self, error: str) -> None:
         self._failure = error

@@ -39,6 +39,11 @@ class RequestHandle:
     def done(self) -> bool:
         return self._done.is_set()
 
+    @property
+    def pending(self) -> bool:
+        """Events pushed that the consumer has not taken yet."""
+        return not self._events.empty()
+
     def push(self, event: Event) -> None:
         if self.done:
             return  # a late event for a choice already failed by the driver
