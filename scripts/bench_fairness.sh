@@ -42,6 +42,7 @@ OUT="${OUT:-bench/results/fairness}"
 PROBE_S="${PROBE_S:-1.0}"
 RUNS="${RUNS:-fairness_long_short:fcfs fairness_long_short:vtc fairness_weights:fcfs fairness_weights:vtc interactive_vs_batch_flood:fcfs interactive_vs_batch_flood:slo overload_2x:fcfs overload_2x:slo}"
 URL="http://127.0.0.1:$PORT"
+export COLUMNS="${COLUMNS:-200}"  # the bench tables, unwrapped in a log
 mkdir -p "$OUT"
 
 SERVER_PID=""
@@ -164,8 +165,12 @@ run() {  # $1 scenario, $2 policy
     if [[ "$scenario" == overload_2x ]]; then
         probe "$key" "$OUT/$scenario-$policy.probe.json"
     fi
-    "$QUANTA" bench run --url "$URL" --workload "$STATE/workload.toml" \
-        --out "$OUT/$scenario-$policy.json" --label "$scenario-$policy" --quiet
+    # Every tenant sends with its own key (the copy's api_key); --api-key (the first tenant's)
+    # only lets the bench read /v1/models. The bench exits non-zero when requests failed,
+    # rejections included: that is a figure here, not an error of the script.
+    "$QUANTA" bench run --url "$URL" --workload "$STATE/workload.toml" --api-key "$key" \
+        --out "$OUT/$scenario-$policy.json" --label "$scenario-$policy" --quiet \
+        || echo "bench: $scenario-$policy had failed requests (see the table above)" >&2
     stop_server
 }
 
@@ -197,7 +202,7 @@ prompt = 64
 output = 64
 EOF
     "$QUANTA" bench run --url "$URL" --workload "$STATE/cap.toml" --api-key "$key" \
-        --out "$OUT/capacity-fcfs.json" --label capacity-fcfs --quiet --no-plots
+        --out "$OUT/capacity-fcfs.json" --label capacity-fcfs --quiet --no-plots || true
     stop_server
 }
 
@@ -251,44 +256,46 @@ for path in sorted(glob.glob(os.path.join(out, "*.json"))):
             f.setdefault("fairness", {})[cls] = {k: fr[k] for k in (
                 "window_s", "backlogged_windows", "max_service_difference",
                 "mean_service_difference", "mean_jain", "min_jain")}
-    # Cumulative weighted service over the span in which every tenant had work outstanding.
+    # Cumulative weighted service over the span in which both tenants were backlogged in the
+    # scheduler's sense: each had a request waiting to start (sent, no first token yet). The
+    # bench's own windows count a tenant as backlogged while it has any request outstanding,
+    # which includes the tail where its last requests run and it cannot take more service.
     tenants = sorted({r["tenant"] for r in rows})
     if len(tenants) == 2 and all(r["slo_class"] == rows[0]["slo_class"] for r in rows):
-        def end(r):
-            t = r["token_times"]
-            return r["finished"] if r["finished"] is not None else (t[-1] if t else r["sent"])
-        spans = {t: sorted((r["sent"], end(r)) for r in rows if r["tenant"] == t) for t in tenants}
-        def outstanding(t, x):
-            return any(a <= x <= b for a, b in spans[t])
+        def first(r):
+            return r["token_times"][0] if r["token_times"] else (r["finished"] or r["sent"])
+        def queued(t, x):
+            return any(r["tenant"] == t and r["sent"] <= x < first(r) for r in rows)
         events = {t: [] for t in tenants}
         for r in rows:
             if r["token_times"]:
                 w = r["weight"]
                 events[r["tenant"]].append((r["token_times"][0], r["prompt_tokens"] / w))
                 events[r["tenant"]] += [(x, 2.0 / w) for x in r["token_times"]]
+        def served(t, x):
+            return sum(v for w, v in events[t] if w <= x)
         t0 = min(r["sent"] for r in rows)
-        t1 = max(end(r) for r in rows)
-        series, x = [], t0
-        while x <= t1:
-            if all(outstanding(t, x) for t in tenants):
-                sv = {t: sum(v for w, v in events[t] if w <= x) for t in tenants}
-                series.append((round(x - t0, 1), sv))
-            x += 1.0
-        if series:
-            (a, s0), (b, s1) = series[0], series[-1]
-            got = {t: s1[t] - s0[t] for t in tenants}
-            diffs = [abs(sv[tenants[0]] - s0[tenants[0]] - (sv[tenants[1]] - s0[tenants[1]]))
-                     for _, sv in series]
+        t1 = max(first(r) for r in rows)
+        both = [t0 + k for k in range(int(t1 - t0) + 1) if all(queued(t, t0 + k) for t in tenants)]
+        if both:
+            a, b = both[0], both[-1]
+            base = {t: served(t, a) for t in tenants}
+            def diff(x):
+                return (served(tenants[0], x) - base[tenants[0]]) - (served(tenants[1], x) - base[tenants[1]])
+            got = {t: served(t, b) - base[t] for t in tenants}
             tot = sum(got.values())
             jain = tot * tot / (2 * sum(v * v for v in got.values())) if tot else None
-            mid = len(series) // 2
+            diffs = [abs(diff(x)) for x in both]
             f["backlogged_span"] = {
-                "from_s": a, "to_s": b,
+                "tenants": tenants,
+                "from_s": round(a - t0), "to_s": round(b - t0),
                 "weighted_service": {t: round(v) for t, v in got.items()},
+                "share": {t: round(v / tot, 3) for t, v in got.items()} if tot else None,
                 "jain": jain,
-                "difference_at_end": round(diffs[-1]),
-                "difference_at_half": round(diffs[mid]),
                 "difference_max": round(max(diffs)),
+                "difference_at_end": round(diffs[-1]),
+                f"difference_every_10s ({tenants[0]} - {tenants[1]})":
+                    [round(diff(x)) for x in both[::10]],
             }
     rej = [r for r in rows if r["status"] in (429, 503)]
     if rej:
@@ -300,6 +307,21 @@ for path in sorted(glob.glob(os.path.join(out, "*.json"))):
                            "latency_ms_p99": lat[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else None,
                            "latency_ms_max": lat[-1] if lat else None,
                            "within_50ms": sum(1 for v in lat if v <= 50)}
+        # The rows keep the body, not the headers: the retry-after of an "expected first token
+        # in E s, over the target of T s" refusal is E - T (slo_admission.py), sent as
+        # retry-after: ceil(E - T) and retry-after-ms; the probe records real headers.
+        import math, re
+        est = []
+        for r in rej:
+            m = re.search(r"in ([\d.]+) s, over the \w+ target of ([\d.]+) s", r["error"] or "")
+            if m:
+                est.append(float(m.group(1)) - float(m.group(2)))
+        if est:
+            est.sort()
+            f["rejections"]["retry_after_s_from_message"] = {
+                "count": len(est), "min": round(est[0], 2), "median": round(est[len(est) // 2], 2),
+                "max": round(est[-1], 2),
+                "header_values": sorted({max(1, math.ceil(e)) for e in est})}
     probe = os.path.join(out, name + ".probe.json")
     if os.path.exists(probe):
         p = json.load(open(probe))
