@@ -525,13 +525,9 @@ class Scheduler:
                 )
             else:
                 self.policy.waiting.push(r)
+        self._forget_unsaved_stashes(stashing)  # the KV is not known to be saved
         for choices in self._groups.values():
             for r in choices:
-                if r.stash_key is not None and r.stash_key in stashing:
-                    # Its stash was in the dying plan: the KV is not known to be saved.
-                    self._stash_bytes.pop(r.stash_key, None)
-                    r.stash_key = None
-                    r.num_computed_tokens = 0
                 r.has_sampler = False
                 r.needs_replay = r.num_output > 0
         self._release.clear()
@@ -562,15 +558,22 @@ class Scheduler:
                 if r.stash_key is None:
                     self._drop_sampler(r)
                 self.policy.waiting.push(r)
+        # The stash never happened and the wipe took the KV: recompute.
+        for r in self._forget_unsaved_stashes(stashing):
+            self._drop_sampler(r)
+        return self.drain_events()
+
+    def _forget_unsaved_stashes(self, keys: set[str]) -> list[Request]:
+        """The choices whose stash was in a failed plan: they hold nothing and recompute."""
+        unsaved = []
         for choices in self._groups.values():
             for r in choices:
-                if r.stash_key is not None and r.stash_key in stashing:
-                    # The stash never happened and the wipe took the KV: recompute.
+                if r.stash_key is not None and r.stash_key in keys:
                     self._stash_bytes.pop(r.stash_key, None)
                     r.stash_key = None
                     r.num_computed_tokens = 0
-                    self._drop_sampler(r)
-        return self.drain_events()
+                    unsaved.append(r)
+        return unsaved
 
     def _forget_engine(self, wipe: bool) -> list[tuple[Request, int]]:
         """No sequence holds anything any more: running requests become preempted.
