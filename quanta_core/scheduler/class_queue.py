@@ -10,18 +10,14 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 
 from quanta_core.requests import SloClass
-from quanta_core.scheduler.queue import RequestQueue, SortKey, WaitingQueue
+from quanta_core.scheduler.queue import RequestQueue, WaitingQueue, arrival_order
 from quanta_core.scheduler.request import Request
 from quanta_core.scheduler.vtc import FairQueue, VirtualCounters
 
 
-def _fifo(r: Request) -> SortKey:
-    return (r.order, r.index)
-
-
 class ClassQueue:
     def __init__(self, counters: Mapping[SloClass, VirtualCounters]) -> None:
-        self.promoted = WaitingQueue(_fifo)
+        self.promoted = WaitingQueue(arrival_order)
         self.classes = {c: FairQueue(counters[c]) for c in SloClass}
         self._home: dict[Request, RequestQueue] = {}
 

@@ -23,7 +23,7 @@ from typing import ClassVar
 from quanta_core.engine.types import StepPlan, StepResult
 from quanta_core.scheduler.admission import AdmissionDecision, AdmissionVerdict
 from quanta_core.scheduler.config import PolicyName, SchedulerConfig, StepLimits
-from quanta_core.scheduler.queue import RequestQueue, SortKey, WaitingQueue
+from quanta_core.scheduler.queue import RequestQueue, SortKey, WaitingQueue, arrival_order
 from quanta_core.scheduler.request import Request
 
 
@@ -55,8 +55,8 @@ class Policy(ABC):
         return cls()
 
     def sort_key(self, r: Request) -> SortKey:
-        """The waiting order: first come, first served; choices of a request in index order."""
-        return (r.order, r.index)
+        """The waiting order: first come, first served."""
+        return arrival_order(r)
 
     def begin_cycle(self, running: Collection[Request], now: float) -> None:  # noqa: B027
         """Called first in each cycle; a policy lifts its starved requests here."""

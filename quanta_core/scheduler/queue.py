@@ -16,6 +16,11 @@ from quanta_core.scheduler.request import Request
 SortKey = tuple[Any, ...]
 
 
+def arrival_order(r: Request) -> SortKey:
+    """First come, first served; the choices of one request in index order."""
+    return (r.order, r.index)
+
+
 class RequestQueue(Protocol):
     def __len__(self) -> int: ...
 

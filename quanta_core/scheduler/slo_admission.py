@@ -31,13 +31,10 @@ from quanta_core.requests import RejectionKind, SloClass
 from quanta_core.scheduler.admission import AdmissionDecision, AdmissionVerdict
 from quanta_core.scheduler.class_queue import ClassQueue
 from quanta_core.scheduler.config import StepLimits
+from quanta_core.scheduler.queue import arrival_order
 from quanta_core.scheduler.request import Request
 from quanta_core.scheduler.slo import QueueBound, SloConfig
 from quanta_core.scheduler.step_cost import StepCostModel
-
-
-def _fifo(r: Request) -> tuple[int, int]:
-    return (r.order, r.index)
 
 
 def _tokens(requests: Iterable[Request]) -> int:
@@ -175,8 +172,8 @@ class SloAdmission:
         ahead += own
         for tenant in fair.tenants():
             if tenant != x.tenant:
-                ahead += sorted(fair.waiting_of(tenant), key=_fifo)[: len(own) + 1]
-        return sorted(ahead, key=_fifo)
+                ahead += sorted(fair.waiting_of(tenant), key=arrival_order)[: len(own) + 1]
+        return sorted(ahead, key=arrival_order)
 
     def drain_s(self, n_requests: int, caps: StepLimits) -> float:
         """How long the running slots take to serve ``n_requests`` typical requests."""
@@ -214,7 +211,7 @@ class SloAdmission:
         waiting = list(self.queue)
         candidates = sorted(
             (r for r in self.queue.classes[SloClass.BATCH] if _sheddable(r)),
-            key=lambda r: (r.order, r.index),
+            key=arrival_order,
             reverse=True,
         )
         shed: list[Request] = []

@@ -23,14 +23,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from quanta_core.scheduler.queue import SortKey, WaitingQueue
+from quanta_core.scheduler.queue import WaitingQueue, arrival_order
 from quanta_core.scheduler.request import Request
 
 _MIN_WEIGHT = 1e-6
-
-
-def _fifo(r: Request) -> SortKey:
-    return (r.order, r.index)
 
 
 class VirtualCounters:
@@ -125,7 +121,7 @@ class FairQueue:
     def push(self, r: Request) -> None:
         queue = self._by_tenant.get(r.tenant)
         if queue is None:
-            queue = self._by_tenant[r.tenant] = WaitingQueue(_fifo)
+            queue = self._by_tenant[r.tenant] = WaitingQueue(arrival_order)
         queue.push(r)
 
     def _head_queue(self) -> WaitingQueue | None:
