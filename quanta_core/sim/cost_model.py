@@ -1,0 +1,153 @@
+"""What one engine step costs, as a small linear model fitted from the real engine.
+
+    step_s = intercept
+           + per_seq      * sequences in the batch
+           + per_decode   * decode tokens        (slices of one token)
+           + per_prefill  * prefill tokens       (slices of more than one token)
+           + per_attended * attended pairs / 1000
+           + per_stash    * stashed tokens   + per_restore * restored tokens
+
+"Attended pairs" is the attention work: a token at position p attends to p + 1 positions, so
+a slice of n tokens starting at p attends n * p + n * (n + 1) / 2 pairs. Every coefficient is
+in seconds, so the model reads as "a decode token costs 6 ms, a prefill token 5 ms, ...".
+
+The file (``config/cost_models/<model>__<machine>.json``) is the coefficients plus how they
+were measured: the model file, the machine, the threads, the fit's error.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from quanta_core.engine.types import Restore, Stash, StepPlan
+
+SCHEMA = "quanta.cost_model/1"
+
+
+@dataclass(frozen=True, slots=True)
+class StepFeatures:
+    """What a step's cost depends on, counted from its plan."""
+
+    seqs: int = 0
+    decode_tokens: int = 0
+    prefill_tokens: int = 0
+    attended_k: float = 0.0  # attended (query, key) pairs, in thousands
+    stash_tokens: int = 0
+    restore_tokens: int = 0
+
+    def as_row(self) -> tuple[float, ...]:
+        """The regressors in ``COEFFICIENTS`` order, the intercept's 1 first."""
+        return (
+            1.0,
+            float(self.seqs),
+            float(self.decode_tokens),
+            float(self.prefill_tokens),
+            self.attended_k,
+            float(self.stash_tokens),
+            float(self.restore_tokens),
+        )
+
+
+COEFFICIENTS = (
+    "intercept",
+    "per_seq",
+    "per_decode",
+    "per_prefill",
+    "per_attended",
+    "per_stash",
+    "per_restore",
+)
+
+
+def attended_pairs(start_pos: int, n_tokens: int) -> int:
+    return n_tokens * start_pos + n_tokens * (n_tokens + 1) // 2
+
+
+def features_of(
+    plan: StepPlan,
+    lengths: Mapping[int, int],
+    stash_lengths: Mapping[str, int],
+) -> StepFeatures:
+    """Count ``plan``'s features. ``lengths`` (tokens each sequence holds) and
+    ``stash_lengths`` (tokens each stash holds) are the state *before* the plan."""
+    stash = sum(lengths.get(op.seq, 0) for op in plan.kv_ops if isinstance(op, Stash))
+    restore = sum(stash_lengths.get(op.key, 0) for op in plan.kv_ops if isinstance(op, Restore))
+    decode = prefill = pairs = 0
+    for s in plan.slices:
+        n = len(s.tokens)
+        if n == 1:
+            decode += 1
+        else:
+            prefill += n
+        pairs += attended_pairs(s.start_pos, n)
+    return StepFeatures(
+        seqs=len(plan.slices),
+        decode_tokens=decode,
+        prefill_tokens=prefill,
+        attended_k=pairs / 1000.0,
+        stash_tokens=stash,
+        restore_tokens=restore,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class CostModel:
+    intercept: float = 0.0
+    per_seq: float = 0.0
+    per_decode: float = 0.0
+    per_prefill: float = 0.0
+    per_attended: float = 0.0
+    per_stash: float = 0.0
+    per_restore: float = 0.0
+    # How it was measured: model, machine, threads, grid, the fit's error. Free-form, kept.
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+    def predict(self, f: StepFeatures) -> float:
+        """Seconds for a step with features ``f``; an empty step costs nothing."""
+        if f.seqs == 0 and f.stash_tokens == 0 and f.restore_tokens == 0:
+            return 0.0
+        return max(
+            0.0,
+            self.intercept
+            + self.per_seq * f.seqs
+            + self.per_decode * f.decode_tokens
+            + self.per_prefill * f.prefill_tokens
+            + self.per_attended * f.attended_k
+            + self.per_stash * f.stash_tokens
+            + self.per_restore * f.restore_tokens,
+        )
+
+    def coefficients(self) -> dict[str, float]:
+        return {name: float(getattr(self, name)) for name in COEFFICIENTS}
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema": SCHEMA, "coefficients": self.coefficients(), "meta": dict(self.meta)}
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> CostModel:
+        if doc.get("schema") != SCHEMA:
+            raise ValueError(f"not a cost model file (schema {doc.get('schema')!r}, want {SCHEMA})")
+        coefficients = doc.get("coefficients")
+        if not isinstance(coefficients, Mapping):
+            raise ValueError("cost model file has no 'coefficients' object")
+        unknown = set(coefficients) - set(COEFFICIENTS)
+        if unknown:
+            raise ValueError(f"unknown cost model coefficients: {sorted(unknown)}")
+        values = {name: float(coefficients.get(name, 0.0)) for name in COEFFICIENTS}
+        return cls(**values, meta=dict(doc.get("meta") or {}))
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_json(), indent=2) + "\n")
+
+    @classmethod
+    def load(cls, path: Path) -> CostModel:
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ValueError(f"cannot read cost model {path}: {exc}") from exc
+        return cls.from_json(doc)
