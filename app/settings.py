@@ -120,6 +120,12 @@ class Settings(BaseSettings):
         default=30.0, ge=0, description="on SIGINT/SIGTERM: how long in-flight requests may finish"
     )
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024, description="larger is a 413")
+    server_nice: int = Field(
+        default=0,
+        ge=0,
+        le=19,
+        description="nice of the HTTP thread once ready (engine thread and worker stay at 0)",
+    )
     log_level: str = "info"
 
     @field_validator("model_path")

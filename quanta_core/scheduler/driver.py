@@ -11,9 +11,11 @@
 
 ``Driver(scheduler: Scheduler, executor: Executor, clock: Clock)``. The scheduler runs in
 the event loop's thread (a cycle's bookkeeping is small); only ``executor.step`` and
-``executor.restart`` (blocking, 10-350 ms) run in a worker thread, so the loop stays free for
-HTTP while the engine works, and scheduler state is touched by one thread only. Each call
-of ``submit`` / ``cancel`` / ``stop`` wakes an idle loop.
+``executor.restart`` (blocking, 10-350 ms) run in the driver's own engine thread, so the loop
+stays free for HTTP while the engine works, and scheduler state is touched by one thread only.
+The engine thread exists from ``start`` on: a server may then lower its loop thread's
+priority without lowering the engine's (a restarted worker inherits the engine thread's).
+Each call of ``submit`` / ``cancel`` / ``stop`` wakes an idle loop.
 
 Failures: ``EngineDied`` restarts the executor and hands the scheduler the dead plan
 (stashed requests are restored, the others recomputed, with no token lost or repeated);
@@ -26,6 +28,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 from quanta_core.clock import Clock
 from quanta_core.engine.errors import EngineDied, EngineError, EngineInputError
@@ -35,6 +40,7 @@ from quanta_core.scheduler.handle import Event, RequestHandle
 from quanta_core.scheduler.scheduler import Scheduler, SchedulerStats
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # A consumer that has not taken its events after this many event-loop turns is not waited for.
 HAND_OVER_MAX_YIELDS = 8
@@ -49,6 +55,7 @@ class Driver:
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._engine_thread = ThreadPoolExecutor(1, thread_name_prefix="quanta-engine")
         self._stopping = False
         self._closing = False
         self._failure: str | None = None
@@ -56,7 +63,11 @@ class Driver:
     async def start(self) -> None:
         if self._task is not None:
             raise RuntimeError("the driver is already started")
+        await self._in_engine_thread(lambda: None)  # the thread exists from now on
         self._task = asyncio.create_task(self._run(), name="quanta-driver")
+
+    async def _in_engine_thread(self, call: Callable[[], T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._engine_thread, call)
 
     def submit(self, request: GenerationRequest) -> RequestHandle:
         now = self.clock.now()
@@ -94,6 +105,7 @@ class Driver:
         self._closing = True
         self._wake.set()
         await self._task
+        self._engine_thread.shutdown(wait=False)
 
     def _refusal(self, request: GenerationRequest) -> str | None:
         if self._failure is not None:
@@ -136,13 +148,13 @@ class Driver:
             await self._wake.wait()
             return
         try:
-            result = await asyncio.to_thread(self.executor.step, plan)
+            result = await self._in_engine_thread(lambda: self.executor.step(plan))
         except EngineDied as exc:
             log.warning("the engine died (%s); restarting it", exc)
             events = sched.on_engine_died(plan)
             self._dispatch(events)
             try:
-                await asyncio.to_thread(self.executor.restart)
+                await self._in_engine_thread(self.executor.restart)
             except EngineError as restart_exc:
                 self._fail_everything(f"the engine died and did not restart: {restart_exc}")
             return
@@ -169,7 +181,7 @@ class Driver:
         """Run the frees and releases left after the last requests, so the engine is clean."""
         plan = self.scheduler.schedule()
         if not plan.is_empty:
-            await asyncio.to_thread(self.executor.step, plan)
+            await self._in_engine_thread(lambda: self.executor.step(plan))
 
     def _dispatch(self, events: list[Event]) -> list[RequestHandle]:
         """Push ``events`` to their handles; the handles that got any."""

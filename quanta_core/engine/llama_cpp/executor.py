@@ -23,6 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import msgspec
+
 from quanta_core.engine.config import EngineConfig
 from quanta_core.engine.errors import (
     EngineDied,
@@ -51,7 +53,6 @@ from quanta_core.engine.types import (
     StashInfo,
     StepPlan,
     StepResult,
-    StepTimings,
 )
 
 WORKER_MODULE = "quanta_core.engine.llama_cpp.worker"
@@ -146,30 +147,20 @@ class LlamaCppExecutor:
 
     def step(self, plan: StepPlan) -> StepResult:
         t0 = time.perf_counter()
-        self._mirror.check(plan)
+        after = self._mirror.after(plan)
         blobs = {op.key: self._stashes[op.key] for op in plan.kv_ops if isinstance(op, Restore)}
         reply = self._call(StepCall(plan, blobs))
         if isinstance(reply, ErrorReply):
             raise EngineInputError(reply.message)
         assert isinstance(reply, StepReply)
-        stashed = self._keep_stashes(plan, reply.blobs)
+        stashed = self._keep_stashes(plan, reply.blobs) if plan.kv_ops else ()
         if reply.decode_error is not None:
             self._mirror.apply(StepPlan(kv_ops=plan.kv_ops))
             raise EngineInputError(reply.decode_error)
-        self._mirror.apply(plan)
+        self._mirror.adopt(after)
         result = reply.result
-        timings = result.timings
-        return StepResult(
-            outputs=result.outputs,
-            stashed=stashed,
-            timings=StepTimings(
-                kv_ops_s=timings.kv_ops_s,
-                decode_s=timings.decode_s,
-                sample_s=timings.sample_s,
-                engine_s=timings.engine_s,
-                total_s=time.perf_counter() - t0,
-            ),
-        )
+        timings = msgspec.structs.replace(result.timings, total_s=time.perf_counter() - t0)
+        return msgspec.structs.replace(result, stashed=stashed, timings=timings)
 
     def _keep_stashes(self, plan: StepPlan, blobs: dict[str, bytes]) -> tuple[StashInfo, ...]:
         for op in plan.kv_ops:
