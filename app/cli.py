@@ -17,6 +17,7 @@ from app.bench.cli import bench_cli
 from app.lifecycle import Lifecycle
 from app.server import create_app
 from app.settings import Settings
+from app.sim_cli import sim
 from app.state import Status
 from app.tenancy.cli import migrate, prepare_run, tenants_cli
 
@@ -24,6 +25,7 @@ cli = typer.Typer(help="Quanta: a multi-tenant LLM inference server.", no_args_i
 cli.add_typer(bench_cli, name="bench")
 cli.command()(migrate)
 cli.add_typer(tenants_cli, name="tenants")
+cli.command()(sim)
 
 
 class _Server(uvicorn.Server):

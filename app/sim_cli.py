@@ -1,0 +1,245 @@
+"""``quanta sim``: one workload through one policy on the virtual clock, in the bench's format.
+
+quanta sim --preset twenty-at-once --policy fcfs
+quanta sim --workload bench/workloads/two_tenants.toml --policy vtc --out bench/results/x.json
+quanta sim --trace bench/traces/azure_llm_2023_conv.csv --requests 10000 --rate-scale 0.05 \
+    --length-scale 0.25 --policy fcfs
+quanta bench compare bench/results/real.json bench/results/sim.json
+
+The scheduler is built from the server's settings by the server's own code
+(``app.assemble.scheduler_config``), so a simulation runs with exactly the defaults of
+``quanta run``; the flags override them the way ``quanta run``'s environment would.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import os
+import platform
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+
+from app.assemble import scheduler_config
+from app.bench.cli import apply_overrides, make_plan, resolve_workload
+from app.bench.report import _git_commit, _version, build_result, write_result
+from app.bench.table import print_result
+from app.settings import ModelNotFoundError, Settings
+from quanta_core.engine.config import EngineConfig
+from quanta_core.engine.types import EngineInfo
+from quanta_core.metrics import summarize
+from quanta_core.scheduler import SchedulerConfig
+from quanta_core.sim.cost_model import CostModel
+from quanta_core.sim.run import SimOutcome, sim_engine_info, simulate
+from quanta_core.workload import (
+    Endpoint,
+    TenantSpec,
+    TraceSpec,
+    WorkloadError,
+    WorkloadSpec,
+)
+
+COST_MODELS_DIR = Path("config/cost_models")
+console = Console()
+
+
+class CostModelMissing(RuntimeError):
+    pass
+
+
+def default_cost_model_path(folder: Path = COST_MODELS_DIR) -> Path:
+    """``<model>__<machine>.json`` for the server's default model: this machine's if there
+    are several, the only one if there is one."""
+    try:
+        stem = Settings().resolved_model_path().stem
+    except ModelNotFoundError:
+        stem = ""
+    found = sorted(folder.glob(f"{stem}__*.json")) if stem else sorted(folder.glob("*.json"))
+    if len(found) == 1:
+        return found[0]
+    here = folder / f"{stem}__{platform.node()}.json"
+    if here in found:
+        return here
+    if found:
+        names = ", ".join(p.name for p in found)
+        raise CostModelMissing(f"several cost models in {folder} ({names}): pick one")
+    raise CostModelMissing(
+        f"no cost model for {stem or 'the default model'} in {folder}/: run `quanta calibrate` "
+        "first, or pass --cost-model FILE"
+    )
+
+
+def sim_setup(
+    settings: Settings, cost_model: CostModel, kv_blocks: int | None = None
+) -> tuple[SchedulerConfig, EngineInfo]:
+    """The scheduler config and engine facts ``quanta run`` would have with ``settings``."""
+    config = scheduler_config(settings)
+    if kv_blocks is not None:
+        config = dataclasses.replace(config, num_kv_blocks=kv_blocks)
+    engine = EngineConfig(
+        model_path="", n_ctx=settings.n_ctx, n_seq_max=settings.n_seq_max, n_batch=settings.n_batch
+    )
+    info = sim_engine_info(
+        n_ctx=engine.n_ctx,
+        n_seq_max=engine.n_seq_max,
+        n_batch=engine.n_batch,
+        meta=dict(cost_model.meta),
+        kv_unified=engine.kv_unified,
+    )
+    return config, info
+
+
+def trace_workload(path: Path) -> WorkloadSpec:
+    """A bare trace replay: one interactive tenant, the trace's own times and lengths."""
+    return WorkloadSpec(
+        name=path.stem,
+        tenants=(TenantSpec(name="trace"),),
+        requests=None,
+        trace=TraceSpec(path=str(path)),
+    )
+
+
+def scale_trace(spec: WorkloadSpec, rate_scale: float, length_scale: float) -> WorkloadSpec:
+    if spec.trace is None:
+        if rate_scale != 1.0 or length_scale != 1.0:
+            raise WorkloadError("--rate-scale and --length-scale apply to a trace replay")
+        return spec
+    t = spec.trace
+    trace = dataclasses.replace(
+        t,
+        time_scale=t.time_scale / rate_scale,
+        prompt_scale=t.prompt_scale * length_scale,
+        output_scale=t.output_scale * length_scale,
+    )
+    return dataclasses.replace(spec, trace=trace)
+
+
+def sim_environment(
+    cost_model_path: Path, cost_model: CostModel, outcome: SimOutcome
+) -> dict[str, Any]:
+    return {
+        "simulated": True,
+        "cost_model": {
+            "path": str(cost_model_path),
+            "coefficients": cost_model.coefficients(),
+            "meta": dict(cost_model.meta),
+        },
+        "sim": outcome.counts(),
+        "time_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "host": platform.node(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "quanta": _version("quanta"),
+        "git_commit": _git_commit(),
+    }
+
+
+def sim(
+    policy: Annotated[
+        str | None, typer.Option(help="scheduling policy (default: the server's)")
+    ] = None,
+    workload: Annotated[Path | None, typer.Option(help="workload file (TOML or YAML)")] = None,
+    preset_name: Annotated[
+        str | None, typer.Option("--preset", help="a named workload: twenty-at-once")
+    ] = None,
+    trace: Annotated[Path | None, typer.Option(help="an Azure trace CSV to replay")] = None,
+    requests: Annotated[int | None, typer.Option(help="override: request count")] = None,
+    rate: Annotated[float | None, typer.Option(help="override: requests/s (inf)")] = None,
+    rate_scale: Annotated[float, typer.Option(help="trace: arrivals this many times faster")] = 1.0,
+    length_scale: Annotated[float, typer.Option(help="trace: prompts and answers × this")] = 1.0,
+    users: Annotated[int | None, typer.Option(help="override: closed loop, N users")] = None,
+    concurrency: Annotated[int | None, typer.Option(help="override: cap in flight")] = None,
+    seed: Annotated[int | None, typer.Option(help="override: seed")] = None,
+    endpoint: Annotated[Endpoint | None, typer.Option(help="override: endpoint")] = None,
+    cost_model: Annotated[
+        Path | None, typer.Option(help="cost model JSON (default: config/cost_models/)")
+    ] = None,
+    max_running: Annotated[int | None, typer.Option(help="choices running at once")] = None,
+    token_budget: Annotated[int | None, typer.Option(help="tokens per step")] = None,
+    block_size: Annotated[int | None, typer.Option(help="tokens per KV block")] = None,
+    kv_blocks: Annotated[int | None, typer.Option(help="KV pool size in blocks")] = None,
+    out: Annotated[Path | None, typer.Option(help="results file (.json)")] = None,
+    label: Annotated[str | None, typer.Option(help="the run's name in tables")] = None,
+    plots: Annotated[bool, typer.Option(help="write PNG plots next to --out")] = False,
+) -> None:
+    """Simulate a workload on the virtual clock; print and write the bench's figures."""
+    try:
+        if trace is not None and (workload is not None or preset_name is not None):
+            raise WorkloadError("give --trace, --workload or --preset, not several")
+        base = (
+            trace_workload(trace) if trace is not None else resolve_workload(workload, preset_name)
+        )
+        spec = apply_overrides(
+            scale_trace(base, rate_scale, length_scale),
+            {
+                "requests": requests,
+                "rate": rate,
+                "users": users,
+                "concurrency": concurrency,
+                "seed": seed,
+                "endpoint": endpoint,
+            },
+        )
+        plan = make_plan(spec)
+    except (WorkloadError, ValueError, OSError) as exc:
+        console.print(f"[red]workload: {exc}")
+        raise typer.Exit(code=2) from None
+    try:
+        model_path = cost_model or default_cost_model_path()
+        model = CostModel.load(model_path)
+    except (CostModelMissing, ValueError) as exc:
+        console.print(f"[red]cost model: {exc}")
+        raise typer.Exit(code=2) from None
+    knobs: dict[str, Any] = {
+        "policy": policy,
+        "max_running": max_running,
+        "token_budget": token_budget,
+        "block_size": block_size,
+    }
+    try:
+        settings = Settings(**{k: v for k, v in knobs.items() if v is not None})
+        config, info = sim_setup(settings, model, kv_blocks)
+    except (ValidationError, ValueError) as exc:
+        console.print(f"[red]settings: {exc}")
+        raise typer.Exit(code=2) from None
+    outcome = simulate(spec, plan, config, info, model)
+    name = label or f"{spec.name}-sim-{config.policy.value}"
+    out = out or Path("bench/results") / f"{name}.json"
+    summary = summarize(outcome.records, spec.targets, window_s=spec.window_s)
+    flags = {
+        "simulated": True,
+        "policy": config.policy.value,
+        "cost_model": str(model_path),
+        "scheduler": {
+            "max_running": config.max_running,
+            "token_budget": config.token_budget,
+            "block_size": config.block_size,
+            "num_kv_blocks": config.num_kv_blocks,
+            "prefix_cache": config.enable_prefix_cache,
+        },
+        "engine": {"n_ctx": info.n_ctx, "n_seq_max": info.n_seq_max, "n_batch": info.n_batch},
+        "workload": None if workload is None else str(workload),
+        "preset": preset_name,
+        "trace": None if trace is None else str(trace),
+    }
+    env = sim_environment(model_path, model, outcome)
+    result = build_result(
+        label=name, spec=spec, flags=flags, env=env, records=outcome.records, summary=summary
+    )
+    write_result(result, out)
+    print_result(result, console)
+    console.print(
+        f"simulated {len(outcome.records)} requests: {outcome.steps} steps, "
+        f"{outcome.virtual_s:.1f} virtual s in {outcome.wall_s:.2f} wall s"
+    )
+    console.print(f"results: {out}")
+    if plots:
+        from app.bench.plots import plot_all
+
+        for path in plot_all(result, outcome.records, out):
+            console.print(f"plot: {path}")

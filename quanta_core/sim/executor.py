@@ -1,0 +1,107 @@
+"""A simulated engine: plans are checked and applied as on the real one, the step's time comes
+from the cost model, and the "sampled" tokens are cheap and deterministic.
+
+    plan ─▶ KvMirror (invalid: EngineInputError, nothing changed)
+         ─▶ features_of(plan, state before it) ─▶ cost_model.predict ─▶ timings.total_s
+
+The executor does not move the clock: the event loop puts the step's end at
+``now + total_s``. Token ``k`` of a request is a function of its owner and ``k`` only, so a
+sampler rebuilt after a recompute (``replay``) continues the same stream, and no token is ever
+an end-of-generation token (workloads fix output lengths with ``max_tokens``).
+"""
+
+from __future__ import annotations
+
+import zlib
+
+from quanta_core.engine.errors import EngineInputError
+from quanta_core.engine.kv_mirror import KvMirror
+from quanta_core.engine.types import (
+    EngineInfo,
+    MemoryStats,
+    SeqMemory,
+    SeqOutput,
+    Stash,
+    StashInfo,
+    StepPlan,
+    StepResult,
+    StepTimings,
+)
+from quanta_core.sim.cost_model import CostModel, features_of
+
+_MIX = 2654435761  # Knuth's multiplicative hash: spreads k over 32 bits
+
+
+class SimExecutor:
+    def __init__(self, info: EngineInfo, cost_model: CostModel) -> None:
+        self._info = info
+        self.cost_model = cost_model
+        self._mirror = KvMirror.for_engine(info)
+        self._samplers: dict[str, tuple[int, int]] = {}  # owner -> (seed, tokens sampled)
+        self._eog = frozenset(info.eog_tokens)
+        self._span = info.n_vocab - 1  # tokens 1 .. n_vocab - 1
+        self.steps = 0
+        self.busy_s = 0.0
+
+    @property
+    def info(self) -> EngineInfo:
+        return self._info
+
+    def step(self, plan: StepPlan) -> StepResult:
+        mirror = self._mirror
+        features = features_of(plan, mirror.lengths, mirror.stash_lengths)
+        # Applying once with a snapshot to roll back costs half of check() + apply().
+        lengths, stash_lengths = dict(mirror.lengths), dict(mirror.stash_lengths)
+        try:
+            mirror.apply(plan)
+        except EngineInputError:
+            mirror.lengths, mirror.stash_lengths = lengths, stash_lengths
+            raise
+        stashed: tuple[StashInfo, ...] = ()
+        if plan.kv_ops:
+            per_token = self._info.kv_bytes_per_token
+            stashed = tuple(
+                StashInfo(op.key, mirror.stash_lengths[op.key] * per_token)
+                for op in plan.kv_ops
+                if type(op) is Stash and op.key in mirror.stash_lengths
+            )
+        for owner in plan.release:
+            self._samplers.pop(owner, None)
+        sample = self._sample
+        outputs = tuple(
+            [SeqOutput(s.seq, sample(s.owner, len(s.replay))) for s in plan.slices if s.sample]
+        )
+        seconds = self.cost_model.predict(features)
+        self.steps += 1
+        self.busy_s += seconds
+        return StepResult(
+            outputs=outputs,
+            stashed=stashed,
+            timings=StepTimings(engine_s=seconds, total_s=seconds),
+        )
+
+    def _sample(self, owner: str, replayed: int) -> int:
+        state = self._samplers.get(owner)
+        seed, k = state if state is not None else (zlib.crc32(owner.encode()), replayed)
+        self._samplers[owner] = (seed, k + 1)
+        token = 1 + ((seed + k * _MIX) & 0xFFFFFFFF) % self._span
+        while token in self._eog:
+            token = token % self._span + 1
+        return token
+
+    def memory_stats(self) -> MemoryStats:
+        lengths = self._mirror.lengths
+        stashes = self._mirror.stash_lengths
+        return MemoryStats(
+            sequences=tuple(SeqMemory(seq, 0, n - 1) for seq, n in sorted(lengths.items())),
+            stash_bytes=sum(stashes.values()) * self._info.kv_bytes_per_token,
+            n_stashes=len(stashes),
+        )
+
+    def restart(self) -> None:
+        """A simulated engine never dies; a restart still empties it, as a real one would."""
+        self._mirror.forget_engine()
+        self._samplers.clear()
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,245 @@
+"""One workload through one scheduler on the virtual clock: ``simulate(...) -> SimOutcome``.
+
+    outcome = simulate(spec, build_plan(spec, rows), config, engine, cost_model)
+    summarize(outcome.records, spec.targets, window_s=spec.window_s)
+
+The client side behaves as ``quanta bench`` does (``app/bench/runner.py``): open loop, a
+request is *scheduled* at its arrival and *sent* when a slot under ``concurrency`` is free
+(at once without a cap); closed loop, ``users`` users each send their next request when the
+last one's answer is in (plus ``think_s``), until the plan or ``duration_s`` runs out. Every
+request becomes the ``RequestRecord`` the bench would have filled, with the server's own split
+(queue, prefill, cached tokens, preemptions) where the server reports it. What is not
+simulated: the HTTP and tenancy layers (their quotas, the client's network and parsing time);
+a token reaches the "client" the moment the step that sampled it ends.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from quanta_core.clock import VirtualClock
+from quanta_core.engine.types import EngineInfo, SamplingParams
+from quanta_core.metrics.records import RequestRecord
+from quanta_core.requests import (
+    ChoiceResult,
+    FinishReason,
+    GenerationRequest,
+    RejectionKind,
+)
+from quanta_core.scheduler.config import SchedulerConfig
+from quanta_core.scheduler.scheduler import Scheduler
+from quanta_core.sim.cost_model import CostModel
+from quanta_core.sim.executor import SimExecutor
+from quanta_core.sim.loop import SimLoop
+from quanta_core.sim.prompts import prompt_ids
+from quanta_core.workload import PlannedRequest, WorkloadSpec
+
+# The real engine's facts that a cost model file may not carry (SmolLM2-135M-Instruct,
+# bench/results/engine.json); n_ctx, n_seq_max and n_batch come from the server's settings.
+DEFAULT_N_VOCAB = 49152
+DEFAULT_EOG_TOKENS = (0, 2)  # <|endoftext|>, <|im_end|>: never sampled by the sim anyway
+DEFAULT_KV_BYTES_PER_TOKEN = 23052
+
+
+@dataclass(frozen=True, slots=True)
+class SimOutcome:
+    records: list[RequestRecord]  # one per request sent, in plan order
+    steps: int  # engine passes
+    virtual_s: float  # the virtual clock at the end
+    busy_s: float  # virtual seconds the engine was stepping
+    wall_s: float  # real seconds the simulation took
+    preemptions: int
+
+    def counts(self) -> dict[str, Any]:
+        return {
+            "requests": len(self.records),
+            "steps": self.steps,
+            "virtual_s": self.virtual_s,
+            "busy_s": self.busy_s,
+            "wall_s": self.wall_s,
+            "preemptions": self.preemptions,
+        }
+
+
+def sim_engine_info(
+    *,
+    n_ctx: int,
+    n_seq_max: int,
+    n_batch: int,
+    meta: dict[str, Any] | None = None,
+    kv_unified: bool = True,
+) -> EngineInfo:
+    """The ``EngineInfo`` a real engine with these settings reports; the vocabulary and KV
+    sizes from the cost model's ``meta`` when its calibration recorded them."""
+    meta = meta or {}
+    return EngineInfo(
+        n_ctx=n_ctx,
+        n_seq_max=n_seq_max,
+        n_batch=n_batch,
+        n_vocab=int(meta.get("n_vocab", DEFAULT_N_VOCAB)),
+        eog_tokens=tuple(int(t) for t in meta.get("eog_tokens", DEFAULT_EOG_TOKENS)),
+        kv_bytes_per_token=int(meta.get("kv_bytes_per_token", DEFAULT_KV_BYTES_PER_TOKEN)),
+        kv_unified=bool(meta.get("kv_unified", kv_unified)),
+        model_name=str(meta.get("model", "simulated")),
+    )
+
+
+def simulate(
+    spec: WorkloadSpec,
+    plan: Sequence[PlannedRequest],
+    config: SchedulerConfig,
+    engine: EngineInfo,
+    cost_model: CostModel,
+) -> SimOutcome:
+    clock = VirtualClock()
+    scheduler = Scheduler(config, engine, clock)
+    executor = SimExecutor(engine, cost_model)
+    client = _Client(spec, plan, engine.n_vocab)
+    loop = SimLoop(scheduler, executor, clock, client.on_finished)
+    client.loop = loop
+    started = time.perf_counter()
+    client.start()
+    loop.run()
+    wall = time.perf_counter() - started
+    return SimOutcome(
+        records=client.records(),
+        steps=loop.steps,
+        virtual_s=clock.now(),
+        busy_s=loop.busy_s,
+        wall_s=wall,
+        preemptions=scheduler.num_preemptions,
+    )
+
+
+class _Client:
+    """The bench's side of the run: sends requests, turns finished choices into records."""
+
+    def __init__(self, spec: WorkloadSpec, plan: Sequence[PlannedRequest], n_vocab: int) -> None:
+        self.spec = spec
+        self.plan = plan
+        self.n_vocab = n_vocab
+        self.loop: SimLoop | None = None
+        self.weights = {t.name: t.weight for t in spec.tenants}
+        self.sampling = SamplingParams(temperature=spec.temperature, ignore_eos=spec.ignore_eos)
+        self.sent: dict[str, tuple[PlannedRequest, float]] = {}  # request id -> (planned, sent)
+        self._records: dict[int, RequestRecord] = {}
+        self._todo: deque[PlannedRequest] = deque(plan)  # closed loop: the users' queue
+        self._waiting: deque[PlannedRequest] = deque()  # open loop: scheduled, no free slot
+        self._in_flight = 0
+
+    def start(self) -> None:
+        assert self.loop is not None
+        if self.spec.closed_loop:
+            for _ in range(self.spec.users or 1):
+                self._next_of_user(0.0)
+            return
+        for planned in self.plan:
+            if self.spec.concurrency is None:
+                self._send(planned, planned.arrival or 0.0)
+            else:
+                self.loop.call_at(planned.arrival or 0.0, self._scheduled(planned))
+
+    def _scheduled(self, planned: PlannedRequest) -> Any:
+        def action(now: float) -> None:
+            assert self.spec.concurrency is not None
+            if self._in_flight < self.spec.concurrency:
+                self._send(planned, now)
+            else:
+                self._waiting.append(planned)
+
+        return action
+
+    def _next_of_user(self, now: float) -> None:
+        duration = self.spec.duration_s
+        if self._todo and (duration is None or now < duration):
+            self._send(self._todo.popleft(), now)
+
+    def _send(self, planned: PlannedRequest, now: float) -> None:
+        assert self.loop is not None
+        request_id = f"r{planned.index}"
+        tenant = planned.tenant
+        request = GenerationRequest(
+            request_id=request_id,
+            prompt_tokens=prompt_ids(self.spec.seed, planned, self.spec.endpoint, self.n_vocab),
+            max_tokens=planned.output_tokens,
+            sampling=self.sampling,
+            tenant=tenant,
+            slo_class=planned.slo_class,
+            weight=self.weights.get(tenant, 1.0),
+        )
+        self.sent[request_id] = (planned, now)
+        self._in_flight += 1
+        self.loop.arrive(now, request)
+
+    def on_finished(self, result: ChoiceResult) -> None:
+        assert self.loop is not None
+        planned, sent = self.sent.pop(result.request_id)
+        self._records[planned.index] = _record(
+            planned, sent, result, self.weights.get(planned.tenant, 1.0)
+        )
+        self._in_flight -= 1
+        now = self.loop.clock.now()
+        if self.spec.closed_loop:
+            think = self.spec.think_s
+            if think > 0:
+                self.loop.call_at(now + think, self._next_of_user)
+            else:
+                self._next_of_user(now)
+        elif self._waiting:
+            self._send(self._waiting.popleft(), now)
+
+    def records(self) -> list[RequestRecord]:
+        return [self._records[k] for k in sorted(self._records)]
+
+
+def _status(result: ChoiceResult) -> int:
+    """The HTTP status the server answers with (``app/openai/generation.py``)."""
+    match result.finish_reason:
+        case FinishReason.STOP | FinishReason.LENGTH:
+            return 200
+        case FinishReason.REJECTED if (
+            result.rejection is RejectionKind.TENANT_OVER_SHARE and result.retry_after_s is not None
+        ):
+            return 429
+        case FinishReason.REJECTED | FinishReason.CANCELLED:
+            return 503
+        case _:
+            return 500
+
+
+def _record(
+    planned: PlannedRequest, sent: float, result: ChoiceResult, weight: float
+) -> RequestRecord:
+    status = _status(result)
+    common: dict[str, Any] = {
+        "request_id": result.request_id,
+        "tenant": planned.tenant,
+        "slo_class": planned.slo_class,
+        "sent": sent,
+        "prompt_tokens": planned.prompt_tokens,
+        "max_tokens": planned.output_tokens,
+        "scheduled": planned.arrival,
+        "weight": weight,
+        "status": status,
+    }
+    t = result.timings
+    if status != 200:
+        # Refused before the stream began: the client sees a status and a message at once.
+        why = result.error or result.finish_reason.value
+        return RequestRecord(**common, ok=False, finished=t.finished, error=why)
+    return RequestRecord(
+        **common,
+        ok=True,
+        finished=t.finished,
+        token_times=result.token_times,
+        output_tokens=result.completion_tokens,
+        server_queue_s=t.queue_s,
+        server_prefill_s=t.prefill_s,
+        server_e2e_s=None if t.finished is None else t.finished - t.arrival,
+        server_preemptions=result.preemptions,
+        server_cached_tokens=result.cached_tokens,
+    )

@@ -1,0 +1,86 @@
+"""``quanta sim`` end to end: a results file that ``quanta bench compare`` takes, real or not."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from app.bench.report import SCHEMA, load_result
+from app.cli import cli
+from quanta_core.sim.cost_model import CostModel
+
+ROOT = Path(__file__).resolve().parent.parent
+REAL_RUN = ROOT / "bench/results/twenty-at-once-quanta-fcfs.json"
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def cost_model(tmp_path: Path) -> Path:
+    path = tmp_path / "tiny__machine.json"
+    CostModel(intercept=0.012, per_seq=0.003, per_prefill=0.006, meta={"model": "tiny"}).save(path)
+    return path
+
+
+def test_sim_writes_a_bench_results_file_that_compare_accepts(
+    tmp_path: Path, cost_model: Path
+) -> None:
+    out = tmp_path / "sim.json"
+    args = ["sim", "--preset", "twenty-at-once", "--policy", "fcfs", "--cost-model"]
+    result = runner.invoke(cli, [*args, str(cost_model), "--out", str(out), "--max-running", "8"])
+    assert result.exit_code == 0, result.output
+    assert "simulated 20 requests" in result.output
+    doc = load_result(out)
+    assert doc["schema"] == SCHEMA
+    assert doc["environment"]["simulated"] is True
+    assert doc["environment"]["cost_model"]["path"] == str(cost_model)
+    assert doc["config"]["flags"]["scheduler"]["max_running"] == 8
+    # The server's default token budget (settings: 128), not the dataclass's (512).
+    assert doc["config"]["flags"]["scheduler"]["token_budget"] == 128
+    assert len(doc["requests"]) == 20 and doc["summary"]["overall"]["completed"] == 20
+    against = REAL_RUN if REAL_RUN.exists() else out
+    compared = runner.invoke(cli, ["bench", "compare", str(against), str(out)])
+    assert compared.exit_code == 0, compared.output
+    assert "TTFT p99" in compared.output
+
+
+def test_sim_replays_a_trace_scaled(tmp_path: Path, cost_model: Path) -> None:
+    csv = tmp_path / "trace.csv"
+    rows = [f"2023-11-16 18:15:{40 + k:02d}.0000000,{100 + k},{40 + k}" for k in range(10)]
+    csv.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "\n".join(rows) + "\n")
+    out = tmp_path / "trace.json"
+    result = runner.invoke(
+        cli,
+        [
+            "sim",
+            "--trace",
+            str(csv),
+            "--requests",
+            "6",
+            "--rate-scale",
+            "2",
+            "--length-scale",
+            "0.5",
+            "--cost-model",
+            str(cost_model),
+            "--out",
+            str(out),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    rows_out = json.loads(out.read_text())["requests"]
+    assert [r["scheduled"] for r in rows_out] == [0.0, 0.5, 1.0, 1.5, 2.0, 2.5]
+    assert [r["prompt_tokens"] for r in rows_out] == [50, 50, 51, 52, 52, 52]
+    assert [r["max_tokens"] for r in rows_out] == [20, 20, 21, 22, 22, 22]
+
+
+def test_a_missing_cost_model_says_to_calibrate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # no config/cost_models here
+    result = runner.invoke(cli, ["sim", "--preset", "twenty-at-once"])
+    assert result.exit_code == 2
+    assert "quanta calibrate" in result.output
