@@ -102,8 +102,8 @@ class KvMirror:
                     f"sequence {s.seq}: slice starts at position {s.start_pos}, "
                     f"but the sequence holds {expected} tokens"
                 )
-            bad = [t for t in s.tokens if not 0 <= t < self.n_vocab]
-            if bad:
+            if min(s.tokens) < 0 or max(s.tokens) >= self.n_vocab:
+                bad = [t for t in s.tokens if not 0 <= t < self.n_vocab]
                 raise EngineInputError(f"sequence {s.seq}: token ids out of range: {bad[:5]}")
             self.lengths[s.seq] = end
 

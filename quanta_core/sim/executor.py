@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import zlib
 
-from quanta_core.engine.errors import EngineInputError
 from quanta_core.engine.kv_mirror import KvMirror
 from quanta_core.engine.types import (
     EngineInfo,
@@ -50,13 +49,7 @@ class SimExecutor:
     def step(self, plan: StepPlan) -> StepResult:
         mirror = self._mirror
         features = features_of(plan, mirror.lengths, mirror.stash_lengths)
-        # Applying once with a snapshot to roll back costs half of check() + apply().
-        lengths, stash_lengths = dict(mirror.lengths), dict(mirror.stash_lengths)
-        try:
-            mirror.apply(plan)
-        except EngineInputError:
-            mirror.lengths, mirror.stash_lengths = lengths, stash_lengths
-            raise
+        mirror.adopt(mirror.after(plan))  # an invalid plan raises and changes nothing
         stashed: tuple[StashInfo, ...] = ()
         if plan.kv_ops:
             per_token = self._info.kv_bytes_per_token
