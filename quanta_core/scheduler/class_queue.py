@@ -1,13 +1,14 @@
 """The ``slo`` policy's waiting queue: promoted batch, then interactive, then batch.
 
 - promoted: batch requests that waited ``batch_aging_s``, oldest first, ahead of all;
-- interactive: a fair queue (VTC between the class's tenants);
+- interactive: a fair queue (VTC between the class's tenants), whose head ``choose`` may
+  overrule to keep a promised first token (``quanta_core.scheduler.promises``);
 - batch: a fair queue (VTC between the class's tenants), admitted into the slack.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 from quanta_core.requests import SloClass
 from quanta_core.scheduler.queue import RequestQueue, WaitingQueue, arrival_order
@@ -20,6 +21,8 @@ class ClassQueue:
         self.promoted = WaitingQueue(arrival_order)
         self.classes = {c: FairQueue(counters[c]) for c in SloClass}
         self._home: dict[Request, RequestQueue] = {}
+        # The interactive head, given VTC's: VTC's unless a promise needs another first.
+        self.choose: Callable[[Request], Request] | None = None
 
     def __len__(self) -> int:
         return len(self._home)
@@ -47,14 +50,19 @@ class ClassQueue:
 
     def peek(self) -> Request | None:
         queue = self._head_queue()
-        return None if queue is None else queue.peek()
+        if queue is None:
+            return None
+        head = queue.peek()
+        interactive = queue is self.classes[SloClass.INTERACTIVE]
+        if head is not None and interactive and self.choose is not None:
+            return self.choose(head)
+        return head
 
     def pop(self) -> Request:
-        queue = self._head_queue()
-        if queue is None:
+        r = self.peek()
+        if r is None:
             raise IndexError("pop from an empty class queue")
-        r = queue.pop()
-        del self._home[r]
+        self.remove(r)
         return r
 
     def remove(self, r: Request) -> None:

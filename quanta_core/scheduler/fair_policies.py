@@ -14,14 +14,26 @@ counter, its newest first. Nothing is rejected for load.
   streams whose step the cost model prices at ``interactive_itl_s * itl_headroom``, and the
   step's tokens at what fits beside them (a long prompt is prefilled in ITL-sized chunks,
   and an interactive arrival's first step is short). Decoding streams get their tokens
-  before any prefill chunk, and a running batch prefill lets an interactive request that can
-  start now take the step's budget first. Alone, batch runs at the configured caps.
+  before any prefill chunk. While an interactive request prefills, or waits with a slot free,
+  the running batch requests (decodes too: batch has no inter-token target) yield the step to
+  it: they get what is left after it, as far as the step still fits the target (``room``).
+  Alone, batch runs at the configured caps.
+- Promises: an admitted interactive request's first token is due at arrival + TTFT target.
+  Among queued interactive requests VTC chooses, unless starting its choice first would make
+  a promised request late; then the earliest due goes first (``promises``). Fairness still
+  holds: the override only reorders requests admission let in, each of which admission
+  projected on time behind every earlier promise, and admission lets a tenant over its share
+  in only if one request of each tenant below it still fits ahead (``slo_admission``). So a
+  tenant gains from the override at most its admitted requests' places (each queued at most
+  one TTFT target), and under backlog the counters still decide who is admitted. ``vtc``
+  has no promises: its bounds (tests/test_fairness_*.py) are untouched.
 - Aging: a batch request waiting ``batch_aging_s`` (since arrival, or since its last
   preemption) is promoted ahead of everything not promoted before it.
 - Victims: batch before interactive; within a class, the highest counter's newest request.
 - Admission answers at once (``slo_admission``): start, queue, or reject with a kind
-  (tenant over its share: 429; overloaded: 503) and a retry-after; batch is shed for
-  interactive when the shared queue is full; preempted work is never shed.
+  (tenant over its fair share: 429; the machine cannot meet the target: 503) and a
+  retry-after; batch is shed for interactive when the shared queue is full; preempted work is
+  never shed.
 
 "Interactive first while it meets its targets": interactive precedence is only ever claimed
 by requests admission expects to meet their targets (the others are refused at submit), and
@@ -36,8 +48,10 @@ does not fit stops admission), so a batch request is first scheduled by
 
 where P is the number of batch requests promoted before it (at most the batch queue bound),
 R the most steps any running request keeps its slot (its remaining prefill chunks plus its
-remaining ``max_tokens``), and a step is planned to last under ``interactive_itl_s`` while
-interactive streams decode. Each promoted head takes the first slot that frees. This holds in
+remaining ``max_tokens``, plus the steps a running batch request yields to interactive
+prefills, which admission bounds: each is an admitted request's prompt), and a step is
+planned to last under ``interactive_itl_s`` while interactive streams decode. Each promoted
+head takes the first slot that frees. This holds in
 steps that do not preempt (a preempting step admits nothing) and while its blocks fit once the
 running requests end; a preempted batch request ages again from its preemption. With the defaults
 (aging 30 s, 0.25 s steps) and 256-token interactive answers, R is ~260 steps (~65 s): a lone
@@ -141,9 +155,14 @@ class SloPolicy(Policy):
         self.queue = ClassQueue(self.counters)
         self.waiting = self.queue
         self.cost = StepCostModel(config)
-        self.admission = SloAdmission(config, self.cost, self.queue)
+        self.admission = SloAdmission(config, self.cost, self.queue, self.counters)
+        self.queue.choose = self._choose_interactive
         self._cap = 1
-        self._batch_prefill_yields = False  # an interactive request waits with a slot free
+        self._limits = StepLimits(1, 1)
+        self._now = 0.0
+        self._running: Collection[Request] = ()  # the scheduler's live running set
+        self._batch_yields = False  # an interactive prefill is on, or starts now
+        self._itl_target = config.interactive_itl_s * config.itl_headroom
 
     @classmethod
     def from_config(cls, config: SchedulerConfig) -> Policy:
@@ -152,6 +171,7 @@ class SloPolicy(Policy):
     # ---- the cycle ----
 
     def begin_cycle(self, running: Collection[Request], now: float) -> None:
+        self._now, self._running = now, running
         aging = self.config.batch_aging_s
         for r in list(self.queue.classes[SloClass.BATCH]):
             since = r.preempted_at[-1] if r.preempted_at else r.arrival
@@ -159,10 +179,19 @@ class SloPolicy(Policy):
                 self.queue.promote(r)
 
     def limits(self, running: Collection[Request], base: StepLimits) -> StepLimits:
-        limits = self.interactive_limits(len(running), base, self._interactive_present(running))
+        present = self._interactive_present(running)
+        limits = self.interactive_limits(len(running), base, present)
         self._cap = limits.max_running
-        waiting = len(self.queue.classes[SloClass.INTERACTIVE]) > 0
-        self._batch_prefill_yields = waiting and len(running) < self._cap
+        starts = len(self.queue.classes[SloClass.INTERACTIVE]) > 0 and len(running) < self._cap
+        inter = [r for r in running if r.slo_class is SloClass.INTERACTIVE]
+        self._batch_yields = starts or any(_prefilling(r) for r in inter)
+        if self._batch_yields:
+            # The step is priced for the interactive streams (and one arrival): batch goes
+            # after them, in what ``room`` leaves.
+            n_seqs = min(len(inter) + 1, limits.max_running)
+            budget = self.cost.max_tokens(n_seqs, self._itl_target, base.token_budget)
+            limits = StepLimits(limits.max_running, budget)
+        self._limits = limits
         return limits
 
     def order_running(self, running: list[Request]) -> list[Request]:
@@ -171,9 +200,18 @@ class SloPolicy(Policy):
         return sorted(running, key=lambda r: (_prefilling(r), r.slo_class is SloClass.BATCH))
 
     def defers(self, r: Request) -> bool:
-        """A batch prefill lets an interactive request that can start now take the budget
-        first; it gets what is left."""
-        return self._batch_prefill_yields and r.slo_class is SloClass.BATCH and _prefilling(r)
+        """Batch yields to an interactive prefill: it gets what is left, after it."""
+        return self._batch_yields and r.slo_class is SloClass.BATCH
+
+    def room(self, n_seqs: int, n_tokens: int) -> int | None:
+        """While interactive streams run or wait, one more slice may carry only what keeps
+        the step within the inter-token target."""
+        if not self._interactive_present(self._running):
+            return None
+        return self.cost.room(n_seqs, n_tokens, self._itl_target)
+
+    def _choose_interactive(self, vtc_head: Request) -> Request:
+        return self.admission.next_interactive(vtc_head, self._now, self._running, self._limits)
 
     def _interactive_present(self, running: Collection[Request]) -> bool:
         if len(self.queue.classes[SloClass.INTERACTIVE]) > 0:
@@ -187,7 +225,7 @@ class SloPolicy(Policy):
         its tokens."""
         if not present:
             return base
-        target = self.config.interactive_itl_s * self.config.itl_headroom
+        target = self._itl_target
         cap = self.cost.max_seqs(target, base.max_running)
         n_seqs = max(n_running, min(n_running + 1, cap))
         return StepLimits(cap, self.cost.max_tokens(n_seqs, target, base.token_budget))
@@ -220,8 +258,7 @@ class SloPolicy(Policy):
         caps = self.interactive_limits(len(running), base, present)
         if cls is SloClass.BATCH:
             caps = StepLimits(self._batch_slots(caps.max_running), caps.token_budget)
-        alone = self.interactive_limits(0, base, cls is SloClass.INTERACTIVE)
-        verdict = self.admission.decide(choices, running, caps, alone)
+        verdict = self.admission.decide(choices, running, caps, base)
         if verdict.reason is None:
             for r in choices:
                 self.counters[cls].join(r)
@@ -230,6 +267,7 @@ class SloPolicy(Policy):
     # ---- bookkeeping ----
 
     def on_admitted(self, r: Request) -> None:
+        self.admission.forget(r)
         self.counters[r.slo_class].reserve(r)
 
     def on_left_running(self, r: Request) -> None:
@@ -239,6 +277,7 @@ class SloPolicy(Policy):
         self.counters[r.slo_class].charge(r, input_tokens, output_tokens)
 
     def on_finished(self, r: Request) -> None:
+        self.admission.forget(r)
         self.counters[r.slo_class].leave(r)
         if r.finish_reason in _SERVED and r.index == 0:
             self.admission.observe_output(r.num_output + r.eog_tokens)

@@ -8,6 +8,7 @@ all are made by name in ``registry``. Hooks a policy may use, each a no-op here:
     on_submit       START / QUEUE / REJECT a new request (and shed queued ones)
     limits          this cycle's running-count and token caps
     order_running / defers     who of the running gets tokens first; who goes after admission
+    room            how many tokens one more slice may take (after the running ones)
     on_progress     tokens computed and sampled for a request (fairness charging)
     on_left_running / on_finished / on_step     bookkeeping
 """
@@ -91,6 +92,11 @@ class Policy(ABC):
     def defers(self, r: Request) -> bool:
         """Running ``r`` gets what admission leaves of this step's budget, after it."""
         return False
+
+    def room(self, n_seqs: int, n_tokens: int) -> int | None:
+        """The most tokens a slice admitted or deferred may add to a step that already holds
+        ``n_seqs`` slices of ``n_tokens`` tokens; None: only the token budget limits it."""
+        return None
 
     def on_progress(self, r: Request, input_tokens: int, output_tokens: int) -> None:  # noqa: B027
         """A step computed ``input_tokens`` prompt tokens of ``r`` for the first time and

@@ -262,10 +262,11 @@ class Scheduler:
     def _run_deferred(self, r: Request, budget: int, slices: list[SeqSlice], now: float) -> int:
         """What admission left of the budget, for a running request the policy put after it
         (never a cause to preempt: without room it waits for the next step)."""
-        if budget <= 0 or r.status is not RequestStatus.RUNNING:
+        allowed = self._room(budget, slices)
+        if allowed <= 0 or r.status is not RequestStatus.RUNNING:
             return budget
         assert r.seq is not None
-        n = min(r.num_tokens - r.num_computed_tokens, budget)
+        n = min(r.num_tokens - r.num_computed_tokens, allowed)
         if not self.kv.grow(r.seq, r.num_computed_tokens + n):
             return budget
         slices.append(self._slice(r, n, now))
@@ -276,7 +277,8 @@ class Scheduler:
         skipped: list[Request] = []
         while budget > 0 and len(self._running) < max_running and self.kv.num_seqs_available > 0:
             r = waiting.peek()
-            if r is None:
+            allowed = self._room(budget, slices)
+            if r is None or allowed <= 0:
                 break
             decision = self.policy.may_admit(r, self._running)
             if decision is AdmitDecision.STOP:
@@ -285,7 +287,7 @@ class Scheduler:
             if decision is AdmitDecision.SKIP:
                 skipped.append(r)
                 continue
-            n = self._try_admit(r, budget, now)
+            n = self._try_admit(r, allowed, now)
             if n is None:
                 waiting.push(r)
                 break
@@ -295,6 +297,11 @@ class Scheduler:
         for r in skipped:
             waiting.push(r)
         return budget
+
+    def _room(self, budget: int, slices: list[SeqSlice]) -> int:
+        """Tokens one more slice may take: the budget's, and the policy's step-cost room."""
+        room = self.policy.room(len(slices), sum(len(s.tokens) for s in slices))
+        return budget if room is None else min(budget, room)
 
     def _try_admit(self, r: Request, budget: int, now: float) -> int | None:
         """Give ``r`` a sequence and blocks; return its first chunk's size, or ``None``."""

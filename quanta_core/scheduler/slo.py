@@ -1,27 +1,34 @@
 """SLO classes, their targets and the queue bounds: one frozen config for ``vtc`` and ``slo``.
 
-The defaults come from this machine's measured engine (2 CPU cores, SmolLM2-135M Q4_1):
+The defaults come from this machine's measured engine (2 CPU cores, SmolLM2-135M Q4_1,
+llama.cpp through the worker; figures of issue 7's runs, bench/results/fairness/README.md,
+and the engine bench):
 
-    one sequence, one decode step          ~10 ms
-    batched decode, 16 / 64 sequences      ~100 / ~350 ms per step (only 1.5-1.8x the
-                                           throughput of one stream: the CPU is compute bound)
-    prefill                                ~220 tokens/s  (~4.5 ms per prompt token)
+    one sequence, one decode step          ~18 ms
+    batched decode, 16 sequences           ~188 ms per step (only ~1.5x the throughput of
+                                           one stream: the CPU is compute bound)
+    prefill alone                          ~155 tokens/s (~6.4 ms per prompt token)
 
 A line through those points prices a step of ``s`` sequences carrying ``t`` tokens:
 
-    step_s(s, t) = 4.5 ms + 5.5 ms * s + 4.5 ms * (t - s)
-                   1 decode: 10 ms    16 decodes: 92 ms    64 decodes: 357 ms
-                   a 256-token prompt alone: 1.16 s (= 256 / 220)
+    step_s(s, t) = 6.7 ms + 11.3 ms * s + 6.4 ms * (t - s)
+                   1 decode: 18 ms    16 decodes: 188 ms    a 128-token chunk alone: 0.83 s
+
+It is only the prior: ``StepCostModel`` learns the per-sequence and per-token terms from the
+measured steps (prefill beside running streams was measured 2-3x slower than this line), and
+plans against a high quantile of its error (``step_quantile``).
 
 and the targets follow from it:
 
-- ``interactive_itl_s = 0.25``: slower than a busy batched step (16 streams: ~90 ms) yet faster
-  than anyone reads (4 tokens/s). Under it a step may carry ~44 tokens (44 decodes, or a few
-  decodes and a prefill chunk), so the ``slo`` policy caps the batch and the step there.
-- ``interactive_ttft_s = 2.0``: a 256-token prompt prefills in ~1.2 s alone (~1.5 s in
-  ITL-sized chunks beside running streams), which leaves room for a short queue.
+- ``interactive_itl_s = 0.25``: a little slower than a busy batched step (16 streams:
+  ~190 ms) yet faster than anyone reads (4 tokens/s). Planned at ``itl_headroom`` (200 ms) a
+  step holds ~16 decodes, or a few decodes and a ~25-token prefill chunk, so the ``slo``
+  policy caps the batch and the step there, and batch streams yield the step to an
+  interactive prefill.
+- ``interactive_ttft_s = 2.0``: a 128-token prompt prefills in ~0.85 s alone (~1.1 s in
+  ITL-sized chunks beside a few interactive streams), which leaves room for a short queue.
 - ``batch_deadline_s = 120``: a 1,000-token batch job (prompt + output) at the throughput of a
-  busy machine (16 streams at ~100 ms per step: ~6 tokens/s each) takes ~3 minutes at worst
+  busy machine (16 streams at ~190 ms per step: ~5 tokens/s each) takes ~3 minutes at worst
   and ~30 s with a fair share of a lightly loaded one; two minutes is a real deadline that
   leaves interactive traffic first claim on the machine.
 - ``batch_aging_s = 30``: a waiting batch request is promoted ahead of interactive traffic
@@ -57,7 +64,9 @@ class SloConfig:
     interactive_itl_s: float = 0.25
     batch_deadline_s: float = 120.0
     batch_aging_s: float = 30.0  # a batch request waiting this long goes ahead of interactive
-    # Plan steps at this fraction of the ITL target: a step's time varies by ~10-20 %.
+    # Plan steps (at the cost model's high quantile) at this fraction of the ITL target: the
+    # client's gap also holds the cycle's own time and the trip to the client, and the target
+    # is a p99 while the margin is a p95 of a finite window.
     itl_headroom: float = 0.8
     # Running slots batch leaves free (unless promoted by aging), so that an interactive
     # arrival starts at the next step instead of waiting for a batch job to end.
@@ -70,11 +79,17 @@ class SloConfig:
     # VTC prices: service is (input + 2 * output) / weight
     input_cost: float = 1.0
     output_cost: float = 2.0
-    # step-cost prior (seconds; see the module docstring), corrected online per batch size
-    step_base_s: float = 0.0045
-    step_seq_s: float = 0.0055
-    step_token_s: float = 0.0045
-    step_ewma_alpha: float = 0.2
+    # step-cost prior (seconds; see the module docstring), learnt online (``StepCostModel``):
+    # least squares with forgetting (memory ~1 / (1 - forgetting) steps), the prior worth
+    # ``step_prior_weight`` typical steps per coefficient, a margin at ``step_quantile``
+    # of the last ``step_window`` steps' errors
+    step_base_s: float = 0.0067
+    step_seq_s: float = 0.0113
+    step_token_s: float = 0.0064
+    step_forgetting: float = 0.98
+    step_prior_weight: float = 0.2
+    step_quantile: float = 0.95
+    step_window: int = 100
     # an answer's length before any has finished (admission estimates), then learnt online
     expected_output_tokens: int = 128
 
@@ -90,8 +105,10 @@ class SloConfig:
             raise ValueError(f"SLO targets and step costs must be > 0: {self}")
         if self.batch_aging_s < 0 or self.step_base_s < 0 or self.interactive_reserve < 0:
             raise ValueError(f"batch_aging_s, step_base_s, interactive_reserve >= 0: {self}")
-        if not 0 < self.itl_headroom <= 1 or not 0 < self.step_ewma_alpha <= 1:
-            raise ValueError(f"itl_headroom and step_ewma_alpha must be in (0, 1]: {self}")
+        if not 0 < self.itl_headroom <= 1 or not 0 < self.step_forgetting <= 1:
+            raise ValueError(f"itl_headroom and step_forgetting must be in (0, 1]: {self}")
+        if not 0 < self.step_quantile <= 1 or self.step_window < 1 or self.step_prior_weight <= 0:
+            raise ValueError(f"step_quantile in (0, 1], step_window >= 1, prior weight > 0: {self}")
         if self.input_cost < 0 or self.output_cost < 0 or self.expected_output_tokens < 1:
             raise ValueError(f"costs must be >= 0 and expected_output_tokens >= 1: {self}")
 

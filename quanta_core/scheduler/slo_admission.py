@@ -4,37 +4,54 @@ A new request passes three checks, in this order:
 
 1. Its class queue's bound (requests, prompt tokens). Full: rejected; 429 if its tenant holds
    more than its weighted share of that queue, else 503.
-2. Its class target given the work ahead of it: interactive must see its first token within
-   ``interactive_ttft_s``, batch must finish within ``batch_deadline_s``. The estimate plays
-   the running and queued requests ahead of it onto the running slots (each holds its slot
-   for its prefill chunks, then one step per expected output token), then adds its own
-   prefill (and, for batch, its outputs). Ahead of it: promoted batch, interactive (for
-   batch), its tenant's queue, and of each other tenant of its class as many plus one (VTC
-   takes turns). Missed: rejected; 429 if it would be met without its own tenant's queued
-   requests (the tenant's backlog is what is in the way), else 503.
+2. Its class target given the work ahead of it.
+   - Interactive: its first token within ``interactive_ttft_s``, without breaking a promise
+     made to an interactive request admitted before it (``promises``). It is projected last
+     in due order after the queued requests (promoted batch first), on the running slots; on
+     time there, it is admitted with a promise (its first token due at arrival + target).
+     A tenant over its share must also leave room for the others: one request like it per
+     tenant below it is projected ahead of it. This is what keeps the deadline override fair:
+     a tenant gains from it only for requests admission let in, and it lets a tenant over its
+     share in only into capacity the others are not claiming.
+   - Batch: its completion within ``batch_deadline_s``, playing the running and queued
+     requests ahead of it (promoted batch, interactive, its tenant's queue and, VTC taking
+     turns, as many plus one of each other tenant's) onto the running slots.
+   Missed: rejected; 429 if its tenant is over its fair share, else 503 (the machine as a
+   whole cannot meet the target). A request that misses its target even on an idle machine
+   is served best effort (no queue is in its way, no retry would help; no promise).
 3. The shared bound of all queues. Full: a batch arrival is rejected (503); an interactive one
    sheds queued batch requests, newest first, that never ran, were never preempted and were
    not promoted by aging, until it fits (else 503).
 
-Retry-after is the estimate's excess over the target (the queue ahead drains one second per
-second), or, for a full queue, the time the running slots take to serve the excess requests.
-Output lengths are unknown: a request is expected to produce ``min(max_tokens, E)`` tokens,
-E the running mean of finished answers (``expected_output_tokens`` before the first).
+Over its fair share: the tenant's claim (its weighted counter, plus the uncharged work of its
+queued and running requests) exceeds the mean claim of the other tenants with live requests
+in the class by more than this request's own worth. Under plain overload, with equal loads,
+nobody is: the answer is 503.
+
+Retry-after is when the same request would be admitted if nothing else arrived: for an
+interactive one, when its projected first token (after everything admitted, and the others'
+room if over share) falls within its target; for batch, the estimate's excess over the target;
+for a full queue, the time the running slots take to serve the excess requests.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
 from quanta_core.requests import RejectionKind, SloClass
 from quanta_core.scheduler.admission import AdmissionDecision, AdmissionVerdict
 from quanta_core.scheduler.class_queue import ClassQueue
 from quanta_core.scheduler.config import StepLimits
+from quanta_core.scheduler.promises import Job, late, next_up, project
 from quanta_core.scheduler.queue import arrival_order
 from quanta_core.scheduler.request import Request
 from quanta_core.scheduler.slo import QueueBound, SloConfig
+from quanta_core.scheduler.slo_estimates import SloEstimates, prefill_left
 from quanta_core.scheduler.step_cost import StepCostModel
+from quanta_core.scheduler.vtc import VirtualCounters
+
+_MIN_WEIGHT = 1e-6
 
 
 def _tokens(requests: Iterable[Request]) -> int:
@@ -47,11 +64,14 @@ class SloAdmission:
         config: SloConfig,
         cost: StepCostModel,
         queue: ClassQueue,
+        counters: Mapping[SloClass, VirtualCounters],
     ) -> None:
         self.config = config
         self.cost = cost
         self.queue = queue
-        self.expected_output = float(config.expected_output_tokens)
+        self.counters = counters
+        self.est = SloEstimates(config, cost)
+        self.promises: dict[Request, float] = {}  # queued interactive -> first token due
 
     # ---- the decision ----
 
@@ -60,9 +80,9 @@ class SloAdmission:
         choices: Sequence[Request],
         running: Collection[Request],
         caps: StepLimits,
-        alone: StepLimits,
+        base: StepLimits,
     ) -> AdmissionVerdict:
-        """``caps``: the steps it will run in; ``alone``: those of an idle machine."""
+        """``caps``: the steps it will run in; ``base``: the configured limits."""
         x = choices[0]
         cls = x.slo_class
         n = len(choices)
@@ -72,7 +92,7 @@ class SloAdmission:
         if excess > 0:
             kind = (
                 RejectionKind.TENANT_OVER_SHARE
-                if self._over_share(x, bound)
+                if self._over_queue_share(x, bound)
                 else RejectionKind.OVERLOADED
             )
             return AdmissionVerdict.reject(
@@ -80,23 +100,77 @@ class SloAdmission:
                 kind,
                 self.drain_s(excess, caps),
             )
-        target = self.target(cls)
-        est = self.estimate(x, running, self._ahead(x, without_own=False), caps)
-        # A request that misses its target even on an idle machine is served best effort:
-        # no queue is in its way, and no retry would help.
-        if est > target and self.estimate(x, (), [], alone) <= target:
-            without_own = self.estimate(x, running, self._ahead(x, without_own=True), caps)
-            kind = (
-                RejectionKind.TENANT_OVER_SHARE
-                if without_own <= target
-                else RejectionKind.OVERLOADED
-            )
-            what = "first token" if cls is SloClass.INTERACTIVE else "completion"
-            return AdmissionVerdict.reject(
-                f"expected {what} in {est:.1f} s, over the {cls.value} target of {target:g} s",
-                kind,
-                max(est - target, self.cost.decode_step_s(1)),
-            )
+        if cls is SloClass.INTERACTIVE:
+            missed = self._interactive_target(x, running, caps, base)
+        else:
+            missed = self._batch_target(x, running, caps)
+        if isinstance(missed, AdmissionVerdict):
+            return missed
+        return self._accept(choices, running, caps, promise=missed)
+
+    def _interactive_target(
+        self, x: Request, running: Collection[Request], caps: StepLimits, base: StepLimits
+    ) -> AdmissionVerdict | float | None:
+        """A rejection, or the promise to make (its due time; None: best effort)."""
+        now, target = x.arrival, self.config.interactive_ttft_s
+        if self.est.alone_prefill_s(x, base.token_budget) > target:
+            return None
+        over = self.over_share(x, running)
+        queued = self._projected_queue()
+        slots, decode_s, streams = self.est.view(
+            now, running, queued, caps.max_running, base.token_budget
+        )
+
+        def job(r: Request, due: float | None) -> Job:
+            return self.est.job(r, due, decode_s, streams, base.token_budget)
+
+        # Every promise is due before x's would be (same target, earlier arrival): x goes
+        # after them all, so admitting it can delay none of them.
+        ordered = [job(r, self.promises.get(r)) for r in queued if r not in self._unpromised()]
+        if over:
+            ordered += [job(x, None)] * len(self._tenants_below(x, running))
+        mine = job(x, now + target)
+        firsts = project(now, slots, [*ordered, mine])
+        if not late([mine], firsts[-1:]):
+            return mine.due
+        est = firsts[-1] - now
+        kind = RejectionKind.TENANT_OVER_SHARE if over else RejectionKind.OVERLOADED
+        why = " (its tenant is over its fair share)" if over else ""
+        return AdmissionVerdict.reject(
+            f"expected first token in {est:.1f} s, over the interactive target of "
+            f"{target:g} s{why}",
+            kind,
+            max(est - target, self.cost.decode_step_s(1)),
+        )
+
+    def _batch_target(
+        self, x: Request, running: Collection[Request], caps: StepLimits
+    ) -> AdmissionVerdict | None:
+        target = self.config.batch_deadline_s
+        est = self.estimate(x, running, self._ahead(x), caps)
+        if est <= target or self.estimate(x, (), [], caps) > target:
+            return None
+        kind = (
+            RejectionKind.TENANT_OVER_SHARE
+            if self.over_share(x, running)
+            else RejectionKind.OVERLOADED
+        )
+        return AdmissionVerdict.reject(
+            f"expected completion in {est:.1f} s, over the batch target of {target:g} s",
+            kind,
+            max(est - target, self.cost.decode_step_s(1)),
+        )
+
+    def _accept(
+        self,
+        choices: Sequence[Request],
+        running: Collection[Request],
+        caps: StepLimits,
+        promise: float | None,
+    ) -> AdmissionVerdict:
+        x = choices[0]
+        cls = x.slo_class
+        n = len(choices)
         shed: tuple[Request, ...] = ()
         total_excess = self._excess(list(self.queue), n, x.prompt_len * n, self.config.total_queue)
         if total_excess > 0:
@@ -108,10 +182,12 @@ class SloAdmission:
                     self.drain_s(total_excess, caps),
                 )
             shed = found
-        ahead = self.queue.promoted.peek() is not None or len(queue) > 0
+        ahead = self.queue.promoted.peek() is not None or len(self.queue.classes[cls]) > 0
         if cls is SloClass.BATCH:
             ahead = ahead or len(self.queue) > 0
         start = not ahead and len(running) + n <= caps.max_running
+        if promise is not None:
+            self.promises[x] = promise
         decision = AdmissionDecision.START if start else AdmissionDecision.QUEUE
         shed_retry = self.drain_s(len(shed), caps) if shed else None
         return AdmissionVerdict(decision, shed=shed, shed_retry_after_s=shed_retry)
@@ -122,10 +198,88 @@ class SloAdmission:
         return self.config.batch_deadline_s
 
     def observe_output(self, n_tokens: int) -> None:
-        """A request finished with ``n_tokens`` output tokens (STOP or LENGTH)."""
-        self.expected_output += 0.1 * (n_tokens - self.expected_output)
+        self.est.observe_output(n_tokens)
 
-    # ---- the estimate ----
+    # ---- keeping the promises ----
+
+    def next_interactive(
+        self, vtc_head: Request, now: float, running: Collection[Request], caps: StepLimits
+    ) -> Request:
+        """The queued interactive request to start next: VTC's head unless starting it first
+        would make a promised request late in the projection (``promises.next_up``)."""
+        queue = self.queue.classes[SloClass.INTERACTIVE]
+        if not any(r in self.promises and r is not vtc_head for r in queue):
+            return vtc_head
+        queued = list(queue)
+        slots, decode_s, streams = self.est.view(
+            now, running, queued, caps.max_running, caps.token_budget
+        )
+        jobs = [
+            self.est.job(r, self.promises.get(r), decode_s, streams, caps.token_budget)
+            for r in queued
+        ]
+        return queued[next_up(now, slots, jobs, queued.index(vtc_head))]
+
+    def forget(self, r: Request) -> None:
+        """``r`` started (or ended): its promise is kept or moot."""
+        self.promises.pop(r, None)
+
+    # ---- fair shares ----
+
+    def _claims(self, cls: SloClass, running: Collection[Request]) -> dict[str, float]:
+        """Each live tenant's weighted service received, reserved and still owed."""
+        counters = self.counters[cls]
+        claims = {t: counters.rank(t) for t in counters.backlogged()}
+        queued = list(self.queue.classes[cls])
+        if cls is SloClass.BATCH:
+            queued += [r for r in self.queue.promoted]
+        for r in queued:
+            claims[r.tenant] = claims.get(r.tenant, counters.rank(r.tenant)) + self._worth(r)
+        for r in running:
+            if r.slo_class is cls:
+                left = counters.output_cost * self.est.outputs_left(r)
+                claims[r.tenant] = claims.get(r.tenant, counters.rank(r.tenant)) + left / max(
+                    r.weight, _MIN_WEIGHT
+                )
+        return claims
+
+    def _worth(self, r: Request) -> float:
+        """A queued request's weighted work: its uncomputed prompt and expected outputs."""
+        c = self.counters[r.slo_class]
+        work = c.input_cost * (prefill_left(r) + 1) + c.output_cost * self.est.outputs_left(r)
+        return work / max(r.weight, _MIN_WEIGHT)
+
+    def over_share(self, x: Request, running: Collection[Request]) -> bool:
+        """Is ``x``'s tenant's claim above the other live tenants' mean by more than ``x``?"""
+        claims = self._claims(x.slo_class, running)
+        others = [c for t, c in claims.items() if t != x.tenant]
+        if not others:
+            return False  # alone, its fair share is the whole machine
+        own = claims.get(x.tenant, max(self.counters[x.slo_class].rank(x.tenant), min(others)))
+        return own - sum(others) / len(others) > self._worth(x)
+
+    def _tenants_below(self, x: Request, running: Collection[Request]) -> list[str]:
+        claims = self._claims(x.slo_class, running)
+        own = claims.get(x.tenant, self.counters[x.slo_class].rank(x.tenant))
+        return [t for t, c in claims.items() if t != x.tenant and c < own]
+
+    # ---- the projection ----
+
+    def _projected_queue(self) -> list[Request]:
+        """What goes ahead of a new interactive request: promoted batch (oldest first),
+        then the queued interactive requests by due time."""
+        promoted = sorted(self.queue.promoted, key=arrival_order)
+        interactive = sorted(
+            self.queue.classes[SloClass.INTERACTIVE],
+            key=lambda r: (self.promises.get(r, float("inf")), arrival_order(r)),
+        )
+        return [*promoted, *interactive]
+
+    def _unpromised(self) -> set[Request]:
+        """Queued interactive requests with no promise (best effort, or back from a
+        preemption): VTC places them, only where they delay no promise."""
+        queue = self.queue.classes[SloClass.INTERACTIVE]
+        return {r for r in queue if r not in self.promises}
 
     def estimate(
         self,
@@ -134,9 +288,8 @@ class SloAdmission:
         ahead: Sequence[Request],
         caps: StepLimits,
     ) -> float:
-        """Seconds from now to ``x``'s first token (interactive) or its end (batch), with
-        ``running`` on the engine and ``ahead`` to be admitted before it."""
-        interactive = x.slo_class is SloClass.INTERACTIVE
+        """Seconds from now to a batch request's end, with ``running`` on the engine and
+        ``ahead`` to be admitted before it."""
         cap = caps.max_running
         busy = max(min(cap, len(running) + len(ahead) + 1), 1)  # streams in a busy step
         decode_step_s = self.cost.decode_step_s(busy)
@@ -145,9 +298,7 @@ class SloAdmission:
             return self.cost.prefill_s(n_tokens, busy - 1, caps.token_budget)
 
         def service_s(r: Request) -> float:
-            todo = max(r.prompt_len - r.num_computed_tokens, 0)
-            outputs = max(min(r.max_tokens, self._expected()) - r.num_output, 1)
-            return prefill_s(todo) + outputs * decode_step_s
+            return prefill_s(prefill_left(r) + 1) + self.est.outputs_left(r) * decode_step_s
 
         finish = sorted(service_s(r) for r in running)[-cap:] if cap else []
         slots = [0.0] * max(cap - len(finish), 0) + finish
@@ -155,20 +306,16 @@ class SloAdmission:
         for r in ahead:
             heapq.heappush(slots, heapq.heappop(slots) + service_s(r))
         wait = slots[0]
-        own_prefill = prefill_s(x.prompt_len)
-        if interactive:
-            return wait + own_prefill
-        return wait + own_prefill + min(x.max_tokens, self._expected()) * decode_step_s
+        return wait + prefill_s(x.prompt_len) + min(x.max_tokens, self._expected()) * decode_step_s
 
-    def _ahead(self, x: Request, without_own: bool) -> list[Request]:
-        """The queued requests admitted before ``x``: promoted batch, a higher class, and in
-        its own class its tenant's queue plus, VTC taking turns, as many of each other
-        tenant's plus one. ``without_own``: as if its tenant had nothing queued."""
+    def _ahead(self, x: Request) -> list[Request]:
+        """The queued requests admitted before batch ``x``: promoted batch, interactive, and
+        of batch its tenant's queue plus, VTC taking turns, as many of each other tenant's
+        plus one."""
         ahead = list(self.queue.promoted)
-        if x.slo_class is SloClass.BATCH:
-            ahead += self.queue.classes[SloClass.INTERACTIVE]
+        ahead += self.queue.classes[SloClass.INTERACTIVE]
         fair = self.queue.classes[x.slo_class]
-        own = [] if without_own else fair.waiting_of(x.tenant)
+        own = fair.waiting_of(x.tenant)
         ahead += own
         for tenant in fair.tenants():
             if tenant != x.tenant:
@@ -181,7 +328,7 @@ class SloAdmission:
         return max(n_requests * per_request / caps.max_running, self.cost.decode_step_s(1))
 
     def _expected(self) -> int:
-        return max(round(self.expected_output), 1)
+        return self.est.expected()
 
     # ---- bounds and shedding ----
 
@@ -195,7 +342,7 @@ class SloAdmission:
             over_requests = max(over_requests, -(-over_tokens // mean))
         return max(over_requests, 0)
 
-    def _over_share(self, x: Request, bound: QueueBound) -> bool:
+    def _over_queue_share(self, x: Request, bound: QueueBound) -> bool:
         """Does ``x``'s tenant hold more than its weighted share of its class queue?"""
         queue = self.queue.classes[x.slo_class]
         waiting = queue.tenants()

@@ -1,47 +1,131 @@
-"""What a step costs: a line through the measured figures, corrected online per batch size.
+"""What a step costs: a line with a per-sequence and a per-token term, learnt online.
 
-    estimate(s, t) = prior(s, t) * ratio[bucket(s)]
-    prior(s, t)    = base + seq_s * s + token_s * (t - s)      s sequences, t tokens in all
+    mean(s, t)     = base + seq_s * s + token_s * (t - s)     s sequences, t tokens in all
+    estimate(s, t) = mean(s, t) * margin                      what the policy plans against
 
-``observe`` folds each measured step into an EWMA of ``measured / prior`` for its bucket of
-batch sizes (1, 2, 3-4, 5-8, ... 65+), so the model learns what this machine (and its context
-lengths, and llama.cpp's KV layout) really costs without ever leaving the prior's shape. A
-step with no timing (the fake executor) teaches nothing. O(1) per step.
+Why this shape. A decode-only step and a step carrying a prefill chunk cost different things:
+every sequence pays a per-sequence term (its sampled row, its attention), every prompt token
+beyond the first pays a per-token term. On the reference machine the two deviate from any
+prior by different factors (prefill beside running streams was measured 2-3x the prior while
+decodes were close), so one correction ratio for both (what this model used to learn) prices
+the mixed steps that matter most for the inter-token target wrongly.
+
+How it learns. Exponentially weighted least squares over ``(1, s, t - s) -> seconds``: every
+measured step adds ``x x^T`` and ``x y`` to running sums that decay by ``step_forgetting``
+per step (a memory of ~1 / (1 - forgetting) steps, so it follows the context lengths and the
+KV layout as they drift). The prior enters as a ridge term that never decays: each of its
+three coefficients is worth ``step_prior_weight`` steps of a typical size (8 sequences, a
+32-token chunk), so a direction the recent steps do not excite (only decodes at one batch
+size, say) stays where the prior put it instead of drifting (no covariance wind-up, the usual
+trouble of recursive least squares with forgetting), while the ~50 recent steps it
+remembers outweigh it where they do excite it. One global model rather than one per
+batch size: the measured costs are linear in s over the range the policies use (1-16), and a
+global fit learns from every step instead of splitting them across buckets. A 3x3 solve per
+measured step: O(1).
+
+The margin: a high quantile (``step_quantile``) of ``measured / mean`` over the last
+``step_window`` measured steps, each residual taken before that step was learnt (out of sample).
+Never below 1: the policy plans a step to be at least as slow as the mean. A step with no
+timing (the fake executor) teaches nothing and leaves the model at its prior.
 """
 
 from __future__ import annotations
 
+from collections import deque
+
 from quanta_core.scheduler.slo import SloConfig
 
-_BUCKETS = 8  # 1, 2, 3-4, 5-8, 9-16, 17-32, 33-64, 65+
+Vec = tuple[float, float, float]
+Mat = list[list[float]]
+
+# A typical step's features (1, sequences, extra tokens): the scale the prior's weight is in.
+_PRIOR_SCALE = (1.0, 8.0, 32.0)
 
 
-def _bucket(n_seqs: int) -> int:
-    return min(max(n_seqs - 1, 0).bit_length(), _BUCKETS - 1)
+def _features(n_seqs: int, n_tokens: int) -> Vec:
+    n_seqs = max(n_seqs, 1)
+    return (1.0, float(n_seqs), float(max(n_tokens - n_seqs, 0)))
+
+
+def _solve3(a: Mat, b: list[float]) -> Vec | None:
+    """``a x = b`` for 3x3 ``a`` by Gaussian elimination with partial pivoting."""
+    m = [[*row, b[i]] for i, row in enumerate(a)]
+    for col in range(3):
+        pivot = max(range(col, 3), key=lambda r: abs(m[r][col]))
+        if abs(m[pivot][col]) < 1e-18:
+            return None
+        m[col], m[pivot] = m[pivot], m[col]
+        for r in range(col + 1, 3):
+            f = m[r][col] / m[col][col]
+            for c in range(col, 4):
+                m[r][c] -= f * m[col][c]
+    x = [0.0, 0.0, 0.0]
+    for r in (2, 1, 0):
+        x[r] = (m[r][3] - sum(m[r][c] * x[c] for c in range(r + 1, 3))) / m[r][r]
+    return (x[0], x[1], x[2])
 
 
 class StepCostModel:
     def __init__(self, config: SloConfig) -> None:
-        self.base_s = config.step_base_s
-        self.seq_s = config.step_seq_s
-        self.token_s = config.step_token_s
-        self.alpha = config.step_ewma_alpha
-        self._ratio = [1.0] * _BUCKETS
+        self.prior_theta: Vec = (config.step_base_s, config.step_seq_s, config.step_token_s)
+        self.forgetting = config.step_forgetting
+        self.quantile = config.step_quantile
+        self._a: Mat = [[0.0] * 3 for _ in range(3)]  # decaying sum of w x x^T (measured)
+        self._b = [0.0, 0.0, 0.0]  # decaying sum of w x y
+        self._a0: Mat = [[0.0] * 3 for _ in range(3)]  # the prior's pseudo-observations
+        self._b0 = [0.0, 0.0, 0.0]
+        for i, scale in enumerate(_PRIOR_SCALE):
+            self._a0[i][i] = config.step_prior_weight * scale * scale
+            self._b0[i] = self._a0[i][i] * self.prior_theta[i]
+        self.theta: Vec = self.prior_theta
+        self._ratios: deque[float] = deque(maxlen=config.step_window)
+        self.margin = 1.0
+
+    @staticmethod
+    def _add(a: Mat, b: list[float], x: Vec, y: float, w: float) -> None:
+        for i in range(3):
+            b[i] += w * x[i] * y
+            for j in range(3):
+                a[i][j] += w * x[i] * x[j]
 
     def prior(self, n_seqs: int, n_tokens: int) -> float:
-        n_seqs = max(n_seqs, 1)
-        return self.base_s + self.seq_s * n_seqs + self.token_s * max(n_tokens - n_seqs, 0)
+        return _dot(self.prior_theta, _features(n_seqs, n_tokens))
+
+    def mean(self, n_seqs: int, n_tokens: int) -> float:
+        """The expected seconds of a step of ``n_seqs`` sequences carrying ``n_tokens``."""
+        return _dot(self.theta, _features(n_seqs, n_tokens))
 
     def estimate(self, n_seqs: int, n_tokens: int) -> float:
-        """Seconds for one step of ``n_seqs`` sequences carrying ``n_tokens`` tokens."""
-        return self.prior(n_seqs, n_tokens) * self._ratio[_bucket(n_seqs)]
+        """Seconds to plan for: the mean times the learnt margin (a high quantile)."""
+        return self.mean(n_seqs, n_tokens) * self.margin
 
     def observe(self, n_seqs: int, n_tokens: int, seconds: float) -> None:
         if n_seqs < 1 or seconds <= 0:
             return
-        b = _bucket(n_seqs)
-        measured = seconds / self.prior(n_seqs, n_tokens)
-        self._ratio[b] += self.alpha * (measured - self._ratio[b])
+        x = _features(n_seqs, n_tokens)
+        self._ratios.append(seconds / max(self.mean(n_seqs, n_tokens), 1e-9))
+        lam = self.forgetting
+        for i in range(3):
+            self._b[i] *= lam
+            for j in range(3):
+                self._a[i][j] *= lam
+        self._add(self._a, self._b, x, seconds, 1.0)
+        self._refit()
+
+    def _refit(self) -> None:
+        a = [[self._a0[i][j] + self._a[i][j] for j in range(3)] for i in range(3)]
+        b = [self._b0[i] + self._b[i] for i in range(3)]
+        theta = _solve3(a, b)
+        if theta is not None:
+            # A step never gets cheaper with more sequences or tokens: keep the slopes
+            # positive (a noisy window can tilt the plane), the intercept non-negative.
+            base, seq, tok = theta
+            self.theta = (max(base, 0.0), max(seq, 1e-6), max(tok, 1e-6))
+        ranked = sorted(self._ratios)
+        k = min(int(self.quantile * len(ranked)), len(ranked) - 1)
+        self.margin = max(ranked[k], 1.0)
+
+    # ---- what the policies ask ----
 
     def max_seqs(self, target_s: float, limit: int) -> int:
         """The most decoding sequences (one token each) whose step fits ``target_s``; >= 1."""
@@ -57,9 +141,18 @@ class StepCostModel:
         target cannot be met (then it is missed, and admission stops adding to it).
         """
         n_seqs = max(n_seqs, 1)
-        spare = target_s / self._ratio[_bucket(n_seqs)] - self.base_s - self.seq_s * n_seqs
-        extra = int(spare / self.token_s) if spare > 0 else 0
+        base, seq, tok = self.theta
+        spare = target_s / self.margin - base - seq * n_seqs
+        extra = int(spare / tok) if spare > 0 else 0
         return max(n_seqs, min(limit, n_seqs + extra))
+
+    def room(self, n_seqs: int, n_tokens: int, target_s: float) -> int:
+        """The most tokens one more sequence may carry in a step that holds ``n_seqs``
+        sequences and ``n_tokens`` tokens, within ``target_s`` (0: not even one)."""
+        if self.estimate(n_seqs + 1, n_tokens + 1) > target_s:
+            return 0
+        spare = target_s / self.margin - self.mean(n_seqs + 1, n_tokens + 1)
+        return 1 + int(spare / self.theta[2])
 
     def decode_step_s(self, n_seqs: int) -> float:
         return self.estimate(n_seqs, n_seqs)
@@ -74,3 +167,7 @@ class StepCostModel:
         seqs = n_decoding + 1
         total = full * self.estimate(seqs, n_decoding + chunk)
         return total + (self.estimate(seqs, n_decoding + rest) if rest else 0.0)
+
+
+def _dot(a: Vec, b: Vec) -> float:
+    return a[0] * b[0] + a[1] * b[1] + a[2] * b[2]

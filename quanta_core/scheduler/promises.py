@@ -1,0 +1,97 @@
+"""Promises to admitted interactive requests, and the projection that keeps them.
+
+Admitting an interactive request is a promise: its first token by ``arrival +
+interactive_ttft_s`` (its due time). A promise is kept while the request waits; it ends when
+the request is admitted onto the engine (or finishes). Two things could break it:
+
+- a later arrival admitted in front of it. VTC serves the tenant with the lowest counter
+  first, so every later arrival of a lower-counter tenant would overtake it;
+- the estimate it was admitted on being optimistic (the step-cost model's job, not this one's).
+
+The projection plays the queue forward on the running slots, as the scheduler will run it:
+
+    slot k frees at free_at[k]        (the running requests' remaining prefill + outputs)
+    a job starts at the earliest free slot, and its prefill runs after the prefill before it
+    (interactive prefills go one after the other: the policy gives the step's budget to the
+    oldest one first), so its first token is at
+
+        first = max(start, lane) + prefill_s        lane = first      slot busy until
+                                                                     first + hold_s
+
+Jobs are projected in due order (earliest first): with one prefill lane that order minimises
+the worst lateness (Jackson's rule), and since every interactive request has the same target,
+it is also arrival order, so a new arrival, the last due, can never make a promised request
+late in it; it is admitted if it is itself on time there. At run time the scheduler serves
+VTC's choice unless that would make a promised request late in the projection (its slack is
+gone); then the earliest due goes first (``next_up``). Either way the promises projected on
+time stay on time, up to the cost model's error.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+_EPS = 1e-9
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A queued request as the projection sees it."""
+
+    prefill_s: float
+    hold_s: float  # how long it keeps its slot after its first token
+    due: float = math.inf  # its first token's due time; inf: no promise
+
+
+@dataclass(frozen=True, slots=True)
+class Slots:
+    """When each running slot frees, and when the prefill in progress ends."""
+
+    free_at: tuple[float, ...]
+    lane_free: float
+
+
+def project(now: float, slots: Slots, jobs: Sequence[Job]) -> list[float]:
+    """The first-token time of each job, started in the given order."""
+    free = [max(t, now) for t in slots.free_at] or [math.inf]
+    heapq.heapify(free)
+    lane = max(slots.lane_free, now)
+    out: list[float] = []
+    for job in jobs:
+        start = heapq.heappop(free)
+        first = max(start, lane) + job.prefill_s
+        lane = first
+        heapq.heappush(free, first + job.hold_s)
+        out.append(first)
+    return out
+
+
+def late(jobs: Sequence[Job], firsts: Sequence[float]) -> set[int]:
+    """Indices of the jobs whose first token comes after their due time."""
+    return {i for i, (j, f) in enumerate(zip(jobs, firsts, strict=True)) if f > j.due + _EPS}
+
+
+def due_order(jobs: Sequence[Job]) -> list[int]:
+    """Indices by due time (promised first, then the rest in their given order)."""
+    return sorted(range(len(jobs)), key=lambda i: jobs[i].due)
+
+
+def next_up(now: float, slots: Slots, jobs: Sequence[Job], preferred: int) -> int:
+    """Which job to start next: ``preferred`` (VTC's choice) unless starting it first makes
+    a job late that the due order keeps on time; then the earliest due."""
+    order = due_order(jobs)
+    if order[0] == preferred or math.isinf(jobs[order[0]].due):
+        return preferred
+    kept = _late_ids(now, slots, jobs, order)
+    trial = [preferred] + [i for i in order if i != preferred]
+    if _late_ids(now, slots, jobs, trial) <= kept:
+        return preferred
+    return order[0]
+
+
+def _late_ids(now: float, slots: Slots, jobs: Sequence[Job], order: list[int]) -> set[int]:
+    ordered = [jobs[i] for i in order]
+    return {order[k] for k in late(ordered, project(now, slots, ordered))}
