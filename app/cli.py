@@ -14,18 +14,22 @@ import uvicorn
 from pydantic import ValidationError
 
 from app.bench.cli import bench_cli
+from app.calibrate import calibrate
 from app.lifecycle import Lifecycle
 from app.server import create_app
 from app.settings import Settings
 from app.sim_cli import sim
 from app.state import Status
+from app.sweep import sweep
 from app.tenancy.cli import migrate, prepare_run, tenants_cli
 
 cli = typer.Typer(help="Quanta: a multi-tenant LLM inference server.", no_args_is_help=True)
 cli.add_typer(bench_cli, name="bench")
 cli.command()(migrate)
 cli.add_typer(tenants_cli, name="tenants")
+cli.command()(calibrate)
 cli.command()(sim)
+cli.command()(sweep)
 
 
 class _Server(uvicorn.Server):

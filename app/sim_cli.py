@@ -28,6 +28,7 @@ from app.assemble import scheduler_config
 from app.bench.cli import apply_overrides, make_plan, resolve_workload
 from app.bench.report import _git_commit, _version, build_result, write_result
 from app.bench.table import print_result
+from app.calibrate import machine_slug
 from app.settings import ModelNotFoundError, Settings
 from quanta_core.engine.config import EngineConfig
 from quanta_core.engine.types import EngineInfo
@@ -52,8 +53,8 @@ class CostModelMissing(RuntimeError):
 
 
 def default_cost_model_path(folder: Path = COST_MODELS_DIR) -> Path:
-    """``<model>__<machine>.json`` for the server's default model: this machine's if there
-    are several, the only one if there is one."""
+    """``<model>__<machine>.json`` for the server's default model: this machine's (named as
+    ``quanta calibrate`` names it) if there are several, the only one if there is one."""
     try:
         stem = Settings().resolved_model_path().stem
     except ModelNotFoundError:
@@ -61,7 +62,7 @@ def default_cost_model_path(folder: Path = COST_MODELS_DIR) -> Path:
     found = sorted(folder.glob(f"{stem}__*.json")) if stem else sorted(folder.glob("*.json"))
     if len(found) == 1:
         return found[0]
-    here = folder / f"{stem}__{platform.node()}.json"
+    here = folder / f"{stem}__{machine_slug(Settings().threads)}.json"
     if here in found:
         return here
     if found:

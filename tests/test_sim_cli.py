@@ -21,7 +21,8 @@ runner = CliRunner()
 @pytest.fixture
 def cost_model(tmp_path: Path) -> Path:
     path = tmp_path / "tiny__machine.json"
-    CostModel(intercept=0.012, per_seq=0.003, per_prefill=0.006, meta={"model": "tiny"}).save(path)
+    model = CostModel(intercept=0.012, per_decode=0.003, per_prefill=0.006, meta={"model": "tiny"})
+    model.save(path)
     return path
 
 

@@ -15,7 +15,7 @@ from quanta_core.scheduler.config import PolicyName
 from quanta_core.sim.cost_model import CostModel, StepFeatures
 from quanta_core.sim.executor import SimExecutor
 
-MODEL = CostModel(intercept=0.01, per_seq=0.001, per_decode=0.002, per_prefill=0.003)
+MODEL = CostModel(intercept=0.01, per_decode=0.002, per_prefill=0.003, per_batch_kv=0.5)
 
 
 def _sim() -> SimExecutor:
@@ -26,10 +26,11 @@ def test_step_time_is_the_cost_models_prediction_from_the_state_before_the_plan(
     ex = _sim()
     prefill = StepPlan(slices=(SeqSlice(0, tuple(range(10, 20)), 0, sample=True, owner="a"),))
     r1 = ex.step(prefill)
-    assert r1.timings.total_s == pytest.approx(MODEL.predict(StepFeatures(1, 0, 10, 0.055)))
+    # 10 tokens at 0..9 attend 55 pairs; 10 batch tokens x 10 cells held
+    assert r1.timings.total_s == pytest.approx(MODEL.predict(StepFeatures(1, 0, 10, 0.055, 1e-4)))
     token = r1.outputs[0].token
     r2 = ex.step(StepPlan(slices=(SeqSlice(0, (token,), 10, sample=True, owner="a"),)))
-    assert r2.timings.total_s == pytest.approx(0.01 + 0.001 + 0.002)
+    assert r2.timings.total_s == pytest.approx(0.01 + 0.002 + 0.5 * 11e-6)  # 11 cells held
     stashed = ex.step(StepPlan(kv_ops=(Stash(0, "k"),)))
     assert stashed.stashed[0].n_bytes == 11 * ex.info.kv_bytes_per_token
     assert ex.memory_stats().n_stashes == 1

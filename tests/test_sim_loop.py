@@ -93,7 +93,7 @@ def test_same_inputs_same_records() -> None:
     spec = WorkloadSpec(name="w", tenants=tenants, requests=60, rate=20.0, seed=5)
     from quanta_core.workload import build_plan
 
-    model = CostModel(intercept=0.01, per_seq=0.002, per_prefill=0.001, per_attended=1e-4)
+    model = CostModel(intercept=0.01, per_decode=0.002, per_prefill=0.001, per_attended=1e-4)
     config = SchedulerConfig(max_running=4, token_budget=64, num_kv_blocks=24)
     first = simulate(spec, build_plan(spec), config, ENGINE, model)
     second = simulate(spec, build_plan(spec), config, ENGINE, model)

@@ -1,15 +1,19 @@
 """What one engine step costs, as a small linear model fitted from the real engine.
 
     step_s = intercept
-           + per_seq      * sequences in the batch
            + per_decode   * decode tokens        (slices of one token)
            + per_prefill  * prefill tokens       (slices of more than one token)
            + per_attended * attended pairs / 1000
+           + per_batch_kv * batch tokens * KV cells held / 1e6
            + per_stash    * stashed tokens   + per_restore * restored tokens
 
-"Attended pairs" is the attention work: a token at position p attends to p + 1 positions, so
-a slice of n tokens starting at p attends n * p + n * (n + 1) / 2 pairs. Every coefficient is
-in seconds, so the model reads as "a decode token costs 6 ms, a prefill token 5 ms, ...".
+"Attended pairs" is each sequence's own causal attention: a token at position p attends to
+p + 1 positions, so a slice of n tokens starting at p attends n * p + n * (n + 1) / 2 pairs.
+"Batch tokens * KV cells held" is what llama.cpp's unified KV cache really computes: every
+token of a batch is scored against every cell in use (other sequences' cells are masked, not
+skipped), so a batch of 16 decodes at 512 tokens of context each costs 2.4x the same batch at
+128 (bench/results/engine.json) — far more than their own attention would. Every coefficient
+is in seconds, so the model reads as "a decode token costs 11 ms, a prefill token 6 ms, ...".
 
 The file (``config/cost_models/<model>__<machine>.json``) is the coefficients plus how they
 were measured: the model file, the machine, the threads, the fit's error.
@@ -32,10 +36,11 @@ SCHEMA = "quanta.cost_model/1"
 class StepFeatures:
     """What a step's cost depends on, counted from its plan."""
 
-    seqs: int = 0
+    seqs: int = 0  # slices in the batch (not a regressor: decode tokens and prefill say it)
     decode_tokens: int = 0
     prefill_tokens: int = 0
-    attended_k: float = 0.0  # attended (query, key) pairs, in thousands
+    attended_k: float = 0.0  # attended (query, key) pairs of each sequence's own, in thousands
+    batch_kv_m: float = 0.0  # batch tokens x KV cells held once the batch is in, in millions
     stash_tokens: int = 0
     restore_tokens: int = 0
 
@@ -43,10 +48,10 @@ class StepFeatures:
         """The regressors in ``COEFFICIENTS`` order, the intercept's 1 first."""
         return (
             1.0,
-            float(self.seqs),
             float(self.decode_tokens),
             float(self.prefill_tokens),
             self.attended_k,
+            self.batch_kv_m,
             float(self.stash_tokens),
             float(self.restore_tokens),
         )
@@ -54,10 +59,10 @@ class StepFeatures:
 
 COEFFICIENTS = (
     "intercept",
-    "per_seq",
     "per_decode",
     "per_prefill",
     "per_attended",
+    "per_batch_kv",
     "per_stash",
     "per_restore",
 )
@@ -73,7 +78,11 @@ def features_of(
     stash_lengths: Mapping[str, int],
 ) -> StepFeatures:
     """Count ``plan``'s features. ``lengths`` (tokens each sequence holds) and
-    ``stash_lengths`` (tokens each stash holds) are the state *before* the plan."""
+    ``stash_lengths`` (tokens each stash holds) are the state *before* the plan.
+
+    The cells held are counted as the sequences' lengths once the stashes, restores and the
+    batch are in (a truncation or a shared prefix is not subtracted: close enough for the
+    scheduler's plans, where both are rare next to decoding)."""
     stash = sum(lengths.get(op.seq, 0) for op in plan.kv_ops if isinstance(op, Stash))
     restore = sum(stash_lengths.get(op.key, 0) for op in plan.kv_ops if isinstance(op, Restore))
     decode = prefill = pairs = 0
@@ -84,11 +93,14 @@ def features_of(
         else:
             prefill += n
         pairs += attended_pairs(s.start_pos, n)
+    batch = decode + prefill
+    held = sum(lengths.values()) - stash + restore + batch
     return StepFeatures(
         seqs=len(plan.slices),
         decode_tokens=decode,
         prefill_tokens=prefill,
         attended_k=pairs / 1000.0,
+        batch_kv_m=batch * held / 1e6,
         stash_tokens=stash,
         restore_tokens=restore,
     )
@@ -97,10 +109,10 @@ def features_of(
 @dataclass(frozen=True, slots=True)
 class CostModel:
     intercept: float = 0.0
-    per_seq: float = 0.0
     per_decode: float = 0.0
     per_prefill: float = 0.0
     per_attended: float = 0.0
+    per_batch_kv: float = 0.0
     per_stash: float = 0.0
     per_restore: float = 0.0
     # How it was measured: model, machine, threads, grid, the fit's error. Free-form, kept.
@@ -113,10 +125,10 @@ class CostModel:
         return max(
             0.0,
             self.intercept
-            + self.per_seq * f.seqs
             + self.per_decode * f.decode_tokens
             + self.per_prefill * f.prefill_tokens
             + self.per_attended * f.attended_k
+            + self.per_batch_kv * f.batch_kv_m
             + self.per_stash * f.stash_tokens
             + self.per_restore * f.restore_tokens,
         )

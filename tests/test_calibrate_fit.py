@@ -1,0 +1,257 @@
+"""The cost model's features, its file, and fitting it: synthetic data, no engine."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from quanta_core.engine.types import Restore, SeqSlice, Stash, StepPlan, Truncate
+from quanta_core.sim.cost_model import SCHEMA, CostModel, StepFeatures, features_of
+from quanta_core.sim.fit import (
+    Group,
+    Sample,
+    fit_cost_model,
+    fit_samples,
+    group_of,
+    identifiable,
+    load_samples,
+    median_points,
+    nnls,
+    save_samples,
+)
+
+TRUE = CostModel(
+    intercept=0.004,
+    per_decode=0.011,
+    per_prefill=0.006,
+    per_attended=0.00002,
+    per_batch_kv=2.5,
+    per_stash=0.0001,
+    per_restore=0.00008,
+)
+
+
+def grid_features(with_stash: bool = True) -> list[StepFeatures]:
+    """Shaped like the calibration grid: decode, prefill, mixed, multi-sequence fills, stash."""
+    out = []
+    for c in (64, 256, 1024, 2048):
+        out += [
+            StepFeatures(b, b, 0, b * (c + 1) / 1000, b * b * (c + 1) / 1e6)
+            for b in (1, 2, 4, 8, 16, 32, 64)
+        ]
+        out += [
+            StepFeatures(1, 0, n, (n * c + n * (n + 1) // 2) / 1000, n * (c + n) / 1e6)
+            for n in (16, 64, 256)
+        ]
+        out += [
+            StepFeatures(
+                b + 1,
+                b,
+                128 - b,
+                (b * (c + 1) + (128 - b) * (129 - b) // 2) / 1000,
+                128 * (b * (c + 1) + 128 - b) / 1e6,
+            )
+            for b in (2, 8, 32)
+        ]
+        if with_stash:
+            out += [StepFeatures(stash_tokens=c), StepFeatures(restore_tokens=c)]
+    out += [
+        StepFeatures(k, 0, 512, k * (512 // k) * (512 // k + 1) / 2000, 512 * 512 / 1e6)
+        for k in (2, 8)
+    ]
+    return out
+
+
+def points(model: CostModel, features: list[StepFeatures], noise: float = 0.0):
+    rng = random.Random(7)
+    return [(f, model.predict(f) * (1 + rng.gauss(0, noise))) for f in features]
+
+
+def assert_close(got: CostModel, want: CostModel, rel: float, names: tuple[str, ...]) -> None:
+    for name in names:
+        assert getattr(got, name) == pytest.approx(getattr(want, name), rel=rel), name
+
+
+# ---- (b) features counted from hand-built plans ----
+
+
+def test_features_of_a_decode_batch() -> None:
+    plan = StepPlan(slices=(SeqSlice(0, (5,), 10, True), SeqSlice(1, (6,), 3, True)))
+    f = features_of(plan, {0: 10, 1: 3}, {})
+    # a token at position p attends p + 1 positions: 11 + 4; 2 batch tokens x 15 cells held
+    assert f == StepFeatures(
+        seqs=2, decode_tokens=2, prefill_tokens=0, attended_k=0.015, batch_kv_m=30e-6
+    )
+    assert group_of(f) is Group.DECODE
+
+
+def test_features_of_a_prefill_chunk_counts_attention_inside_the_chunk() -> None:
+    plan = StepPlan(slices=(SeqSlice(2, (1, 2, 3, 4), 100),))
+    f = features_of(plan, {2: 100}, {})
+    # 4 tokens at 100..103 attend 101 + 102 + 103 + 104 = 4 * 100 + 4 * 5 / 2;
+    # 4 batch tokens x 104 cells held
+    assert f == StepFeatures(
+        seqs=1, decode_tokens=0, prefill_tokens=4, attended_k=0.41, batch_kv_m=416e-6
+    )
+    assert group_of(f) is Group.PREFILL
+
+
+def test_features_of_a_mixed_batch() -> None:
+    plan = StepPlan(slices=(SeqSlice(0, (9,), 7), SeqSlice(1, (1, 2, 3), 0)))
+    f = features_of(plan, {0: 7}, {})
+    assert (f.seqs, f.decode_tokens, f.prefill_tokens) == (2, 1, 3)
+    assert f.attended_k == pytest.approx((8 + 6) / 1000)
+    assert f.batch_kv_m == pytest.approx(4 * (7 + 4) / 1e6)
+    assert group_of(f) is Group.MIXED
+
+
+def test_features_of_stash_and_restore_use_the_lengths_before_the_plan() -> None:
+    plan = StepPlan(kv_ops=(Stash(0, "a"), Restore(1, "b"), Truncate(2)))
+    f = features_of(plan, {0: 300, 2: 50}, {"b": 120})
+    assert f == StepFeatures(stash_tokens=300, restore_tokens=120)
+    assert group_of(f) is Group.STASH
+    assert group_of(features_of(StepPlan(), {}, {})) is Group.EMPTY
+
+
+# ---- (c) the cost model file ----
+
+
+def test_cost_model_json_round_trip(tmp_path: Path) -> None:
+    model = CostModel(0.001, 0.002, 0.003, 0.004, 0.005, 0.006, 0.007, meta={"machine": "m"})
+    path = tmp_path / "sub" / "m.json"
+    model.save(path)
+    assert CostModel.load(path) == model
+    assert CostModel.from_json(json.loads(path.read_text())) == model
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("{not json", "cannot read cost model"),
+        ('{"schema": "other/1"}', "not a cost model file"),
+        (json.dumps({"schema": SCHEMA}), "no 'coefficients'"),
+        (json.dumps({"schema": SCHEMA, "coefficients": {"per_x": 1}}), "unknown cost model"),
+    ],
+)
+def test_cost_model_bad_file_says_what_is_wrong(tmp_path: Path, content: str, message: str) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text(content)
+    with pytest.raises(ValueError, match=message):
+        CostModel.load(path)
+
+
+def test_missing_cost_model_file_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="cannot read cost model"):
+        CostModel.load(tmp_path / "absent.json")
+
+
+# ---- (a) the fit ----
+
+
+def test_nnls_matches_least_squares_when_unconstrained_and_clips_at_zero() -> None:
+    rng = np.random.default_rng(0)
+    a = rng.uniform(0.5, 2.0, size=(30, 3))
+    x = np.array([1.0, 2.0, 3.0])
+    assert nnls(a, a @ x) == pytest.approx(x)
+    # the best unconstrained fit wants a negative second coefficient: NNLS holds it at 0
+    b = a @ np.array([1.0, -2.0, 3.0])
+    got = nnls(a, b)
+    assert got[1] == 0.0
+    assert (got >= 0).all()
+    free = np.linalg.lstsq(a[:, [0, 2]], b, rcond=None)[0]
+    assert got[[0, 2]] == pytest.approx(free)
+
+
+def test_fit_recovers_known_coefficients_exactly_without_noise() -> None:
+    model = fit_cost_model(points(TRUE, grid_features()))
+    assert_close(model, TRUE, 1e-6, tuple(TRUE.coefficients()))
+    errors = model.meta["fit"]["errors"]
+    assert errors["all"]["max"] < 1e-6
+    assert set(errors) == {"all", "decode", "prefill", "mixed", "stash"}
+
+
+def test_fit_recovers_the_large_coefficients_under_noise() -> None:
+    model = fit_cost_model(points(TRUE, grid_features(), noise=0.03))
+    assert_close(model, TRUE, 0.05, ("per_decode", "per_prefill", "per_stash", "per_restore"))
+    assert model.meta["fit"]["errors"]["all"]["mape"] < 10
+
+
+def test_a_never_exercised_feature_gets_zero() -> None:
+    model = fit_cost_model(points(TRUE, grid_features(with_stash=False), noise=0.01))
+    assert model.per_stash == 0.0
+    assert model.per_restore == 0.0
+    assert model.meta["fit"]["unexercised"] == ["per_stash", "per_restore"]
+    assert "stash" not in model.meta["fit"]["errors"]
+    assert_close(model, TRUE, 0.05, ("per_decode", "per_prefill"))
+
+
+def test_a_feature_that_only_duplicates_another_gets_zero() -> None:
+    # Decode-only batches at one context: attended pairs are proportional to decode tokens,
+    # so their split cannot be known. The whole per-token cost goes to per_decode;
+    # per_attended is 0 rather than an arbitrary share.
+    features = [StepFeatures(b, b, 0, b * 0.1, b * b * 100 / 1e6) for b in (1, 2, 4, 8, 16)]
+    model = fit_cost_model(points(TRUE, features))
+    assert model.per_attended == 0.0
+    per_token = TRUE.per_decode + 0.1 * TRUE.per_attended
+    assert model.per_decode == pytest.approx(per_token)
+    assert model.per_batch_kv == pytest.approx(TRUE.per_batch_kv)
+    assert model.intercept == pytest.approx(TRUE.intercept)
+    design = identifiable(np.array([f.as_row() for f in features]))
+    assert design.unidentified == ("per_attended",)
+    assert model.meta["fit"]["unidentified"] == ["per_attended"]
+
+
+def test_fit_refuses_no_points_and_non_positive_times() -> None:
+    with pytest.raises(ValueError, match="no samples"):
+        fit_cost_model([])
+    with pytest.raises(ValueError, match="above 0"):
+        fit_cost_model([(StepFeatures(1, 1), 0.0)])
+
+
+# ---- samples: repeats, warm-ups, the file ----
+
+
+def test_median_points_drop_warmups_and_take_each_points_median() -> None:
+    f = StepFeatures(1, 1, 0, 0.1)
+    g = StepFeatures(stash_tokens=10)
+    samples = [
+        Sample("d", f, 9.0, warmup=True),
+        Sample("d", f, 0.020),
+        Sample("d", f, 0.018),
+        Sample("d", f, 0.500),  # a disturbed run
+        Sample("s", g, 0.001),
+    ]
+    assert median_points(samples) == [(f, 0.020), (g, 0.001)]
+    model = fit_samples(samples, meta={"machine": "m"})
+    assert model.meta["machine"] == "m"
+    assert model.meta["samples"] == 4
+    assert model.meta["fit"]["points"] == 2
+
+
+def test_samples_file_round_trip(tmp_path: Path) -> None:
+    samples = [
+        Sample("d", StepFeatures(1, 1, 0, 0.1), 0.02, 0.019, False, 100),
+        Sample("s", StepFeatures(stash_tokens=5), 0.001, 0.0005, True, 5),
+    ]
+    path = tmp_path / "s.json"
+    save_samples(path, samples, {"machine": "m"})
+    assert load_samples(path) == (samples, {"machine": "m"})
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("[", "cannot read samples"),
+        ('{"schema": "quanta.cost_model/1"}', "not a samples file"),
+        ('{"schema": "quanta.cost_samples/1", "samples": [{"point": "x"}]}', "bad sample"),
+    ],
+)
+def test_bad_samples_file_says_what_is_wrong(tmp_path: Path, content: str, message: str) -> None:
+    path = tmp_path / "s.json"
+    path.write_text(content)
+    with pytest.raises(ValueError, match=message):
+        load_samples(path)
