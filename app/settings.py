@@ -120,6 +120,11 @@ class Settings(BaseSettings):
         default=30.0, ge=0, description="on SIGINT/SIGTERM: how long in-flight requests may finish"
     )
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024, description="larger is a 413")
+    omp_spincount: int | None = Field(
+        default=3000,
+        ge=0,
+        description="llama.cpp's idle OpenMP threads spin this long, then sleep (None: libgomp's)",
+    )
     server_nice: int = Field(
         default=0,
         ge=0,
@@ -169,5 +174,6 @@ class Settings(BaseSettings):
             n_seq_max=self.n_seq_max,
             n_batch=self.n_batch,
             threads=self.threads,
+            omp_spincount=self.omp_spincount,
             step_timeout_s=self.step_timeout_s,
         )

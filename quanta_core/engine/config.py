@@ -16,5 +16,12 @@ class EngineConfig:
     # One unified KV buffer: required for llama_memory_seq_cp of a partial prefix. Every
     # sequence then attends over the shared buffer, which costs attention time at long contexts.
     kv_unified: bool = True
+    # How long llama.cpp's idle OpenMP threads spin before they sleep (GOMP_SPINCOUNT, in
+    # spin iterations). libgomp's default spins for milliseconds after every step: measured,
+    # the worker kept ~1.8 cores busy through 5 ms pauses between steps, taking the core the
+    # server needs for its own work between steps. 3,000 covers the barriers inside a step
+    # (no slower steps measured) and sleeps soon after it. None: libgomp's default. An
+    # OMP_WAIT_POLICY or GOMP_SPINCOUNT in the environment wins over this.
+    omp_spincount: int | None = 3000
     step_timeout_s: float = 60.0  # a step that takes longer is treated as a hung worker
     start_timeout_s: float = 120.0  # loading the model in a fresh worker

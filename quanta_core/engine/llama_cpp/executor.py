@@ -16,6 +16,7 @@ A worker that exits or stops answering within ``step_timeout_s`` becomes ``Engin
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import subprocess
 import sys
@@ -58,6 +59,15 @@ from quanta_core.engine.types import (
 WORKER_MODULE = "quanta_core.engine.llama_cpp.worker"
 
 
+def worker_environment(config: EngineConfig) -> dict[str, str]:
+    """The worker's environment: ours, plus the OpenMP spin limit unless one is set."""
+    env = dict(os.environ)
+    omp_set = "GOMP_SPINCOUNT" in env or "OMP_WAIT_POLICY" in env
+    if config.omp_spincount is not None and not omp_set:
+        env["GOMP_SPINCOUNT"] = str(config.omp_spincount)
+    return env
+
+
 class _Worker:
     """One worker process and its connected socket."""
 
@@ -74,7 +84,9 @@ class _Worker:
         listener.bind(str(path))
         listener.listen(1)
         listener.settimeout(config.start_timeout_s)
-        process = subprocess.Popen([sys.executable, "-m", WORKER_MODULE, str(path)])
+        process = subprocess.Popen(
+            [sys.executable, "-m", WORKER_MODULE, str(path)], env=worker_environment(config)
+        )
         try:
             sock, _ = listener.accept()
         except TimeoutError as exc:
