@@ -376,6 +376,7 @@ _READING = {
     "per_prefill": "per prefill token",
     "per_attended": "per 1,000 attended (query, key) pairs",
     "per_batch_kv": "per million (batch token, KV cell held) pairs",
+    "per_kv_held": "per 1,000 KV cells held",
     "per_stash": "per stashed token",
     "per_restore": "per restored token",
 }

@@ -30,6 +30,7 @@ TRUE = CostModel(
     per_prefill=0.006,
     per_attended=0.00002,
     per_batch_kv=2.5,
+    per_kv_held=0.017,
     per_stash=0.0001,
     per_restore=0.00008,
 )
@@ -37,32 +38,22 @@ TRUE = CostModel(
 
 def grid_features(with_stash: bool = True) -> list[StepFeatures]:
     """Shaped like the calibration grid: decode, prefill, mixed, multi-sequence fills, stash."""
+
+    def step(seqs: int, dec: int, pre: int, attended: float, held: int) -> StepFeatures:
+        batch = dec + pre
+        return StepFeatures(seqs, dec, pre, attended / 1000, batch * held / 1e6, held / 1000)
+
     out = []
     for c in (64, 256, 1024, 2048):
+        out += [step(b, b, 0, b * (c + 1), b * (c + 1)) for b in (1, 2, 4, 8, 16, 32, 64)]
+        out += [step(1, 0, n, n * c + n * (n + 1) // 2, c + n) for n in (16, 64, 256)]
         out += [
-            StepFeatures(b, b, 0, b * (c + 1) / 1000, b * b * (c + 1) / 1e6)
-            for b in (1, 2, 4, 8, 16, 32, 64)
-        ]
-        out += [
-            StepFeatures(1, 0, n, (n * c + n * (n + 1) // 2) / 1000, n * (c + n) / 1e6)
-            for n in (16, 64, 256)
-        ]
-        out += [
-            StepFeatures(
-                b + 1,
-                b,
-                128 - b,
-                (b * (c + 1) + (128 - b) * (129 - b) // 2) / 1000,
-                128 * (b * (c + 1) + 128 - b) / 1e6,
-            )
+            step(b + 1, b, 128 - b, b * (c + 1) + (128 - b) * (129 - b) // 2, b * (c + 1) + 128 - b)
             for b in (2, 8, 32)
         ]
         if with_stash:
             out += [StepFeatures(stash_tokens=c), StepFeatures(restore_tokens=c)]
-    out += [
-        StepFeatures(k, 0, 512, k * (512 // k) * (512 // k + 1) / 2000, 512 * 512 / 1e6)
-        for k in (2, 8)
-    ]
+    out += [step(k, 0, 512, k * (512 // k) * (512 // k + 1) // 2, 512) for k in (2, 8)]
     return out
 
 
@@ -84,7 +75,12 @@ def test_features_of_a_decode_batch() -> None:
     f = features_of(plan, {0: 10, 1: 3}, {})
     # a token at position p attends p + 1 positions: 11 + 4; 2 batch tokens x 15 cells held
     assert f == StepFeatures(
-        seqs=2, decode_tokens=2, prefill_tokens=0, attended_k=0.015, batch_kv_m=30e-6
+        seqs=2,
+        decode_tokens=2,
+        prefill_tokens=0,
+        attended_k=0.015,
+        batch_kv_m=30e-6,
+        kv_held_k=0.015,
     )
     assert group_of(f) is Group.DECODE
 
@@ -95,7 +91,12 @@ def test_features_of_a_prefill_chunk_counts_attention_inside_the_chunk() -> None
     # 4 tokens at 100..103 attend 101 + 102 + 103 + 104 = 4 * 100 + 4 * 5 / 2;
     # 4 batch tokens x 104 cells held
     assert f == StepFeatures(
-        seqs=1, decode_tokens=0, prefill_tokens=4, attended_k=0.41, batch_kv_m=416e-6
+        seqs=1,
+        decode_tokens=0,
+        prefill_tokens=4,
+        attended_k=0.41,
+        batch_kv_m=416e-6,
+        kv_held_k=0.104,
     )
     assert group_of(f) is Group.PREFILL
 
@@ -106,6 +107,7 @@ def test_features_of_a_mixed_batch() -> None:
     assert (f.seqs, f.decode_tokens, f.prefill_tokens) == (2, 1, 3)
     assert f.attended_k == pytest.approx((8 + 6) / 1000)
     assert f.batch_kv_m == pytest.approx(4 * (7 + 4) / 1e6)
+    assert f.kv_held_k == pytest.approx(11 / 1000)
     assert group_of(f) is Group.MIXED
 
 

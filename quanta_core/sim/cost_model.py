@@ -5,6 +5,7 @@
            + per_prefill  * prefill tokens       (slices of more than one token)
            + per_attended * attended pairs / 1000
            + per_batch_kv * batch tokens * KV cells held / 1e6
+           + per_kv_held  * KV cells held / 1000
            + per_stash    * stashed tokens   + per_restore * restored tokens
 
 "Attended pairs" is each sequence's own causal attention: a token at position p attends to
@@ -12,8 +13,10 @@ p + 1 positions, so a slice of n tokens starting at p attends n * p + n * (n + 1
 "Batch tokens * KV cells held" is what llama.cpp's unified KV cache really computes: every
 token of a batch is scored against every cell in use (other sequences' cells are masked, not
 skipped), so a batch of 16 decodes at 512 tokens of context each costs 2.4x the same batch at
-128 (bench/results/engine.json) — far more than their own attention would. Every coefficient
-is in seconds, so the model reads as "a decode token costs 11 ms, a prefill token 6 ms, ...".
+128 (bench/results/engine.json) — far more than their own attention would. A step also pays
+for the cells held whatever its batch (measured: one decode step of one sequence costs 12 ms
+at 64 tokens of context and 44 ms at 2,048), hence ``per_kv_held``. Every coefficient is in
+seconds, so the model reads as "a decode token costs 11 ms, a prefill token 5 ms, ...".
 
 The file (``config/cost_models/<model>__<machine>.json``) is the coefficients plus how they
 were measured: the model file, the machine, the threads, the fit's error.
@@ -41,6 +44,7 @@ class StepFeatures:
     prefill_tokens: int = 0
     attended_k: float = 0.0  # attended (query, key) pairs of each sequence's own, in thousands
     batch_kv_m: float = 0.0  # batch tokens x KV cells held once the batch is in, in millions
+    kv_held_k: float = 0.0  # KV cells held once the batch is in, in thousands
     stash_tokens: int = 0
     restore_tokens: int = 0
 
@@ -52,6 +56,7 @@ class StepFeatures:
             float(self.prefill_tokens),
             self.attended_k,
             self.batch_kv_m,
+            self.kv_held_k,
             float(self.stash_tokens),
             float(self.restore_tokens),
         )
@@ -63,6 +68,7 @@ COEFFICIENTS = (
     "per_prefill",
     "per_attended",
     "per_batch_kv",
+    "per_kv_held",
     "per_stash",
     "per_restore",
 )
@@ -101,6 +107,7 @@ def features_of(
         prefill_tokens=prefill,
         attended_k=pairs / 1000.0,
         batch_kv_m=batch * held / 1e6,
+        kv_held_k=held / 1000.0 if batch else 0.0,
         stash_tokens=stash,
         restore_tokens=restore,
     )
@@ -113,6 +120,7 @@ class CostModel:
     per_prefill: float = 0.0
     per_attended: float = 0.0
     per_batch_kv: float = 0.0
+    per_kv_held: float = 0.0
     per_stash: float = 0.0
     per_restore: float = 0.0
     # How it was measured: model, machine, threads, grid, the fit's error. Free-form, kept.
@@ -129,6 +137,7 @@ class CostModel:
             + self.per_prefill * f.prefill_tokens
             + self.per_attended * f.attended_k
             + self.per_batch_kv * f.batch_kv_m
+            + self.per_kv_held * f.kv_held_k
             + self.per_stash * f.stash_tokens
             + self.per_restore * f.restore_tokens,
         )

@@ -46,6 +46,7 @@ _IDENTIFY_ORDER = (
     "per_prefill",
     "per_attended",
     "per_batch_kv",
+    "per_kv_held",
     "per_stash",
     "per_restore",
 )
