@@ -4,19 +4,20 @@
            + per_decode   * decode tokens        (slices of one token)
            + per_prefill  * prefill tokens       (slices of more than one token)
            + per_attended * attended pairs / 1000
-           + per_batch_kv * batch tokens * KV cells held / 1e6
-           + per_kv_held  * KV cells held / 1000
+           + per_batch_kv * batch tokens * the batch's KV cells / 1e6
+           + per_kv_held  * the batch's KV cells / 1000
            + per_stash    * stashed tokens   + per_restore * restored tokens
 
 "Attended pairs" is each sequence's own causal attention: a token at position p attends to
 p + 1 positions, so a slice of n tokens starting at p attends n * p + n * (n + 1) / 2 pairs.
-"Batch tokens * KV cells held" is what llama.cpp's unified KV cache really computes: every
-token of a batch is scored against every cell in use (other sequences' cells are masked, not
-skipped), so a batch of 16 decodes at 512 tokens of context each costs 2.4x the same batch at
-128 (bench/results/engine.json) — far more than their own attention would. A step also pays
-for the cells held whatever its batch (measured: one decode step of one sequence costs 12 ms
-at 64 tokens of context and 44 ms at 2,048), hence ``per_kv_held``. Every coefficient is in
-seconds, so the model reads as "a decode token costs 11 ms, a prefill token 5 ms, ...".
+"The batch's KV cells" are the cells its sequences hold once the batch is in. Its sequences
+cost more than their own causal attention: a batch of 16 decodes at 512 tokens of context each
+costs 2.2x the same batch at 128 (bench/results/engine.json), one sequence 1.3x; hence a term
+in batch tokens x cells, and one in cells alone (the step's views and mask over them). Cells
+of sequences *not* in the batch (the prefix cache's holders) are not counted: llama.cpp's CPU
+attention skips masked cells: measured, one stream decodes at 18.6 ms per token with up to
+~7,000 cached cells beside it (bench/results/fidelity/, sequential), as fast as alone. Every
+coefficient is in seconds, so the model reads as "a decode token costs 8 ms, ...".
 
 The file (``config/cost_models/<model>__<machine>.json``) is the coefficients plus how they
 were measured: the model file, the machine, the threads, the fit's error.
@@ -43,8 +44,8 @@ class StepFeatures:
     decode_tokens: int = 0
     prefill_tokens: int = 0
     attended_k: float = 0.0  # attended (query, key) pairs of each sequence's own, in thousands
-    batch_kv_m: float = 0.0  # batch tokens x KV cells held once the batch is in, in millions
-    kv_held_k: float = 0.0  # KV cells held once the batch is in, in thousands
+    batch_kv_m: float = 0.0  # batch tokens x the batch's KV cells, in millions
+    kv_held_k: float = 0.0  # the KV cells of the batch's sequences once it is in, in thousands
     stash_tokens: int = 0
     restore_tokens: int = 0
 
@@ -86,9 +87,7 @@ def features_of(
     """Count ``plan``'s features. ``lengths`` (tokens each sequence holds) and
     ``stash_lengths`` (tokens each stash holds) are the state *before* the plan.
 
-    The cells held are counted as the sequences' lengths once the stashes, restores and the
-    batch are in (a truncation or a shared prefix is not subtracted: close enough for the
-    scheduler's plans, where both are rare next to decoding)."""
+    The batch's cells are each sliced sequence's length once its slice is in."""
     stash = sum(lengths.get(op.seq, 0) for op in plan.kv_ops if isinstance(op, Stash))
     restore = sum(stash_lengths.get(op.key, 0) for op in plan.kv_ops if isinstance(op, Restore))
     decode = prefill = pairs = 0
@@ -100,7 +99,7 @@ def features_of(
             prefill += n
         pairs += attended_pairs(s.start_pos, n)
     batch = decode + prefill
-    held = sum(lengths.values()) - stash + restore + batch
+    held = sum(sl.start_pos + len(sl.tokens) for sl in plan.slices)
     return StepFeatures(
         seqs=len(plan.slices),
         decode_tokens=decode,
