@@ -33,6 +33,7 @@ def scheduler_config(settings: Settings) -> SchedulerConfig:
         max_running=settings.max_running,
         token_budget=min(settings.token_budget, settings.n_batch),
         enable_prefix_cache=settings.prefix_cache,
+        prefix_cache_tokens=settings.prefix_cache_tokens,
         slo=SloConfig(
             interactive_ttft_s=settings.interactive_ttft_s,
             interactive_itl_s=settings.interactive_itl_s,

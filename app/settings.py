@@ -93,6 +93,11 @@ class Settings(BaseSettings):
     max_running: int = Field(default=16, ge=1, description="choices running at once")
     block_size: int = Field(default=16, ge=1, description="tokens per KV block")
     prefix_cache: bool = Field(default=True, description="share cached prompt prefixes")
+    prefix_cache_tokens: int | None = Field(
+        default=2048,
+        ge=0,
+        description="cached prefix tokens kept beyond the running requests' (None: no limit)",
+    )
     # SLO classes and admission (policies vtc and slo)
     interactive_ttft_s: float = Field(
         default=_SLO.interactive_ttft_s, gt=0, description="interactive: first-token target"

@@ -135,6 +135,26 @@ def test_lru_eviction_order_and_truncate_ops() -> None:
     kv.check_integrity()
 
 
+def test_a_cache_limit_evicts_the_least_recently_used_at_once() -> None:
+    # Room for 11 blocks, but at most 3 cached: cached cells cost the engine time each step.
+    kv = KvManager(11, BS, 4, enable_prefix_cache=True, max_cached_blocks=3)
+    first, second = toks(32, base=100), toks(32, base=500)
+    for seq, tokens in ((0, first), (1, second)):
+        assert kv.admit(tokens, 512) is not None
+        kv.commit(seq, tokens, 32)
+    kv.free(0, num_computed=32)
+    assert kv.stats().cached_blocks == 2 and kv.drain_ops() == [Truncate(seq=0, start=32)]
+    kv.free(1, num_computed=32)
+    # 4 cached > 3: the least recently used goes (seq 0's tail: a holder's deepest first).
+    assert kv.drain_ops() == [Truncate(seq=1, start=32), Truncate(seq=0, start=16)]
+    assert kv.holders() == [0, 1]
+    assert kv.stats().cached_blocks == 3
+    kv.check_integrity()
+    # What is left still hits.
+    adm = kv.admit([*second, 7, 8], 512)
+    assert adm is not None and adm.cached_tokens == 32
+
+
 def test_evicting_a_shared_parent_truncates_every_holder() -> None:
     kv = make(num_blocks=6, num_seqs=4)
     p = toks(32)

@@ -74,13 +74,22 @@ def cdiv(a: int, b: int) -> int:
 
 class KvManager:
     def __init__(
-        self, num_blocks: int, block_size: int, num_seqs: int, enable_prefix_cache: bool = True
+        self,
+        num_blocks: int,
+        block_size: int,
+        num_seqs: int,
+        enable_prefix_cache: bool = True,
+        max_cached_blocks: int | None = None,
     ) -> None:
         if block_size < 1 or num_seqs < 1:
             raise ValueError(f"bad geometry: block_size={block_size}, num_seqs={num_seqs}")
         self.block_size = block_size
         self.num_seqs = num_seqs
         self.enable_prefix_cache = enable_prefix_cache
+        # Cached cells are not free in the engine: llama.cpp scans every cell in use for each
+        # token of a step (masked, but scanned). Beyond this many cached blocks the least
+        # recently used go at once, not only when a block is needed. None: no limit.
+        self.max_cached_blocks = max_cached_blocks
         self.num_blocks = num_blocks
         self.cache = PrefixCache(block_size)
         self._ops: list[KvOp] = []
@@ -281,6 +290,7 @@ class KvManager:
         st.role = SeqRole.HOLDER
         st.num_tokens = keep * bs
         self._holders[seq] = None
+        self._trim_cache()
 
     def stash(self, seq: int, key: str) -> None:
         """Move ``seq``'s KV to host RAM (the engine frees the sequence) and drop its blocks."""
@@ -319,6 +329,11 @@ class KvManager:
             self._hold(block, st.seq, active=True)
             st.table.append(block)
         st.num_tokens = max(st.num_tokens, num_tokens)
+
+    def _trim_cache(self) -> None:
+        limit = self.max_cached_blocks
+        while limit is not None and self.pool.num_cached > limit:
+            self._evict_oldest_cached()
 
     def _evict_oldest_cached(self) -> None:
         block = self.pool.oldest_cached()

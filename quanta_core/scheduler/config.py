@@ -24,6 +24,9 @@ class SchedulerConfig:
     token_budget: int = 512  # tokens per step; capped by the engine's n_batch
     num_kv_blocks: int | None = None  # None: n_ctx // block_size
     enable_prefix_cache: bool = True
+    # Cached prefix tokens kept in the engine beyond what running requests hold; None: as
+    # many as the pool has room for (every cached cell slows each step a little).
+    prefix_cache_tokens: int | None = None
     stash_budget_bytes: int = 1 << 30  # host RAM for stashed KV
     # Cost estimates that decide stash vs recompute (defaults: the 2-core CPU of DESIGN.md,
     # where a stash+restore of 1,000 tokens takes ~5 ms and prefill runs at ~220 tokens/s).
@@ -42,6 +45,8 @@ class SchedulerConfig:
             raise ValueError(f"block_size, max_running and token_budget must be >= 1: {self}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
+        if self.prefix_cache_tokens is not None and self.prefix_cache_tokens < 0:
+            raise ValueError(f"prefix_cache_tokens must be >= 0, got {self.prefix_cache_tokens}")
         if self.stash_budget_bytes < 0:
             raise ValueError(f"stash_budget_bytes must be >= 0, got {self.stash_budget_bytes}")
 

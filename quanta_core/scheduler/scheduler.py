@@ -79,7 +79,13 @@ class Scheduler:
         # one stream per sequence it aborts the process. Without it nothing is shared.
         self.share_kv = info.kv_unified
         self.kv = KvManager(
-            num_blocks, bs, info.n_seq_max, config.enable_prefix_cache and self.share_kv
+            num_blocks,
+            bs,
+            info.n_seq_max,
+            config.enable_prefix_cache and self.share_kv,
+            max_cached_blocks=None
+            if config.prefix_cache_tokens is None
+            else config.prefix_cache_tokens // bs,
         )
         self.policy = make_policy(config.policy, config)
         self.token_budget = min(config.token_budget, info.n_batch)
