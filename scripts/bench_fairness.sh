@@ -45,41 +45,18 @@ URL="http://127.0.0.1:$PORT"
 export COLUMNS="${COLUMNS:-200}"  # the bench tables, unwrapped in a log
 mkdir -p "$OUT"
 
-SERVER_PID=""
+# shellcheck source=scripts/lib_server.sh
+source "$ROOT/scripts/lib_server.sh"
 PROBE_PID=""
-STATE=""
 stop_server() {
     if [[ -n "$PROBE_PID" ]] && kill -0 "$PROBE_PID" 2>/dev/null; then
         kill -TERM "$PROBE_PID" || true
         wait "$PROBE_PID" || true
     fi
     PROBE_PID=""
-    if [[ -n "$SERVER_PID" ]] && kill -0 "$SERVER_PID" 2>/dev/null; then
-        kill -TERM "$SERVER_PID"
-        wait "$SERVER_PID" || true
-    fi
-    SERVER_PID=""
-    if [[ -n "$STATE" ]]; then
-        rm -rf "$STATE"
-    fi
-    STATE=""
+    stop_quanta_server
 }
 trap stop_server EXIT
-
-wait_ready() {
-    for _ in $(seq 1 600); do
-        if ! kill -0 "$SERVER_PID" 2>/dev/null; then
-            echo "the server exited while starting" >&2
-            exit 1
-        fi
-        if [[ "$(curl -s -o /dev/null -w '%{http_code}' "$URL/readyz")" == "200" ]]; then
-            return
-        fi
-        sleep 0.2
-    done
-    echo "the server did not become ready" >&2
-    exit 1
-}
 
 # Creates the workload's tenants through the admin API and writes a copy of the workload
 # with each tenant's api_key filled in. Prints one key (the first tenant's) for the probe.

@@ -50,35 +50,9 @@ if [[ -n "${COST_MODEL:-}" ]]; then
     COST_FLAG=(--cost-model "$COST_MODEL")
 fi
 
-SERVER_PID=""
-STATE=""
-stop_server() {
-    if [[ -n "$SERVER_PID" ]] && kill -0 "$SERVER_PID" 2>/dev/null; then
-        kill -TERM "$SERVER_PID"
-        wait "$SERVER_PID" || true
-    fi
-    SERVER_PID=""
-    if [[ -n "$STATE" ]]; then
-        rm -rf "$STATE"
-    fi
-    STATE=""
-}
-trap stop_server EXIT
-
-wait_ready() {
-    for _ in $(seq 1 600); do
-        if ! kill -0 "$SERVER_PID" 2>/dev/null; then
-            echo "the server exited while starting" >&2
-            exit 1
-        fi
-        if [[ "$(curl -s -o /dev/null -w '%{http_code}' "$URL/readyz")" == "200" ]]; then
-            return
-        fi
-        sleep 0.2
-    done
-    echo "the server did not become ready" >&2
-    exit 1
-}
+# shellcheck source=scripts/lib_server.sh
+source "$ROOT/scripts/lib_server.sh"
+trap stop_quanta_server EXIT
 
 workload() {  # $1 load name, $2 rate, $3 file
     cat >"$3" <<EOF
@@ -111,7 +85,7 @@ real() {  # $1 policy, $2 load name, $3 workload file
     "$QUANTA" bench run --url "$URL" --workload "$3" --api-key "$key" \
         --out "$OUT/real-$1-$2.json" --label "real-$1-$2" --quiet --no-plots \
         || echo "bench: real-$1-$2 had failed requests (see the table above)" >&2
-    stop_server
+    stop_quanta_server
 }
 
 for load in $LOADS; do
