@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
@@ -21,19 +19,6 @@ from app.settings import Settings
 from app.state import ServerState, Status
 
 log = logging.getLogger("quanta.lifecycle")
-
-
-def lower_priority(nice: int) -> None:
-    """Lower this thread's priority (the event loop's: HTTP, tokenizing, streaming).
-
-    On a machine with as many cores as llama.cpp threads, server work that wakes up during a
-    step takes a core from the engine's threads, and every thread then waits at the engine's
-    barriers. Lower-priority server work waits for the step instead. Linux nice is per
-    thread: the driver's engine thread (and a worker it restarts) keeps its priority.
-    """
-    if nice > 0:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
-        log.info("the HTTP thread runs at nice %d", nice)
 
 
 class Lifecycle:
@@ -64,7 +49,6 @@ class Lifecycle:
                 self.on_failure()
             return
         self.state.core = core
-        lower_priority(self._settings.server_nice)
         if self.state.status is Status.STARTING:
             self.state.status = Status.READY
             log.info("ready: serving %s (n_ctx %d)", core.model_name, core.n_ctx)

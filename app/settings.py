@@ -130,12 +130,6 @@ class Settings(BaseSettings):
         ge=0,
         description="llama.cpp's idle OpenMP threads spin this long, then sleep (None: libgomp's)",
     )
-    server_nice: int = Field(
-        default=0,
-        ge=0,
-        le=19,
-        description="nice of the HTTP thread once ready (engine thread and worker stay at 0)",
-    )
     log_level: str = "info"
 
     @field_validator("model_path")

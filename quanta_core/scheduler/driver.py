@@ -13,8 +13,6 @@
 the event loop's thread (a cycle's bookkeeping is small); only ``executor.step`` and
 ``executor.restart`` (blocking, 10-350 ms) run in the driver's own engine thread, so the loop
 stays free for HTTP while the engine works, and scheduler state is touched by one thread only.
-The engine thread exists from ``start`` on: a server may then lower its loop thread's
-priority without lowering the engine's (a restarted worker inherits the engine thread's).
 Each call of ``submit`` / ``cancel`` / ``stop`` wakes an idle loop.
 
 Failures: ``EngineDied`` restarts the executor and hands the scheduler the dead plan
@@ -63,7 +61,6 @@ class Driver:
     async def start(self) -> None:
         if self._task is not None:
             raise RuntimeError("the driver is already started")
-        await self._in_engine_thread(lambda: None)  # the thread exists from now on
         self._task = asyncio.create_task(self._run(), name="quanta-driver")
 
     async def _in_engine_thread(self, call: Callable[[], T]) -> T:
