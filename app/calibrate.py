@@ -29,7 +29,6 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import StrEnum
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -39,6 +38,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from app.bench.report import package_version
 from app.settings import ModelNotFoundError, Settings
 from quanta_core.engine import EngineInfo, Executor, Restore, SeqSlice, Stash, StepPlan, Truncate
 from quanta_core.engine.errors import EngineError
@@ -297,10 +297,6 @@ def measurement_meta(
     settings: Settings, info: EngineInfo, budget: int, quick: bool, repeats: int
 ) -> dict[str, Any]:
     model = settings.resolved_model_path()
-    try:
-        llama_version = version("llama-cpp-python")
-    except PackageNotFoundError:
-        llama_version = None
     return {
         "model": model.name,
         "model_stem": model.stem,
@@ -320,7 +316,7 @@ def measurement_meta(
         "token_budget": budget,
         "grid": "quick" if quick else "full",
         "repeats": repeats,
-        "llama_cpp_python": llama_version,
+        "llama_cpp_python": package_version("llama-cpp-python"),
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "load_avg_before": list(os.getloadavg()),
     }

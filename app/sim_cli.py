@@ -26,7 +26,7 @@ from rich.console import Console
 
 from app.assemble import scheduler_config
 from app.bench.cli import apply_overrides, make_plan, resolve_workload
-from app.bench.report import _git_commit, _version, build_result, write_result
+from app.bench.report import build_result, git_commit, package_version, write_result
 from app.bench.table import print_result
 from app.calibrate import machine_slug
 from app.settings import ModelNotFoundError, Settings
@@ -135,8 +135,8 @@ def sim_environment(
         "platform": platform.platform(),
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
-        "quanta": _version("quanta"),
-        "git_commit": _git_commit(),
+        "quanta": package_version("quanta"),
+        "git_commit": git_commit(),
     }
 
 

@@ -27,14 +27,14 @@ from quanta_core.workload import WorkloadSpec
 SCHEMA = "quanta.bench/1"
 
 
-def _version(package: str) -> str | None:
+def package_version(package: str) -> str | None:
     try:
         return version(package)
     except PackageNotFoundError:
         return None
 
 
-def _git_commit() -> str | None:
+def git_commit() -> str | None:
     try:
         out = subprocess.run(
             ["git", "rev-parse", "HEAD"],
@@ -85,10 +85,10 @@ def environment(url: str, api_key: str | None = None) -> dict[str, Any]:
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
         "load_avg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
-        "quanta": _version("quanta"),
-        "llama_cpp_python": _version("llama-cpp-python"),
-        "httpx": _version("httpx"),
-        "git_commit": _git_commit(),
+        "quanta": package_version("quanta"),
+        "llama_cpp_python": package_version("llama-cpp-python"),
+        "httpx": package_version("httpx"),
+        "git_commit": git_commit(),
         "server": server_info(url, api_key),
     }
 

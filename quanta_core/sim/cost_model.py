@@ -63,6 +63,7 @@ class StepFeatures:
         )
 
 
+# Also the fit's priority: a column that depends on earlier ones is not fitted (set to 0).
 COEFFICIENTS = (
     "intercept",
     "per_decode",

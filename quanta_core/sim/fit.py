@@ -16,7 +16,7 @@ Choices, and why:
     faster, and a negative coefficient would be a fit of noise.
   - A coefficient the grid cannot identify is 0, never garbage: a column that is always 0
     (no stash was measured) is left out, and so is a column that is a linear combination of
-    the ones before it in ``_IDENTIFY_ORDER`` (in decode-only batches at one context,
+    the ones before it in ``COEFFICIENTS`` order (in decode-only batches at one context,
     attended pairs are proportional to decode tokens: the cost goes to ``per_decode``, the
     readable one).
 """
@@ -38,18 +38,6 @@ from quanta_core.sim.cost_model import COEFFICIENTS, CostModel, StepFeatures
 
 SAMPLES_SCHEMA = "quanta.cost_samples/1"
 Array = npt.NDArray[np.float64]
-
-# Who keeps a column that is a linear combination of others: the earlier one.
-_IDENTIFY_ORDER = (
-    "intercept",
-    "per_decode",
-    "per_prefill",
-    "per_attended",
-    "per_batch_kv",
-    "per_kv_held",
-    "per_stash",
-    "per_restore",
-)
 
 
 class Group(StrEnum):
@@ -181,24 +169,22 @@ class Design:
 
 def identifiable(x: Array) -> Design:
     """Split ``COEFFICIENTS`` by whether the columns of ``x`` (in that order) determine them."""
-    column = {name: i for i, name in enumerate(COEFFICIENTS)}
     norms = np.linalg.norm(x, axis=0)
     scaled = x / np.where(norms > 0, norms, 1.0)  # scale-free rank: ms and thousands alike
     kept: list[str] = []
     unexercised: list[str] = []
     unidentified: list[str] = []
-    for name in _IDENTIFY_ORDER:
-        j = column[name]
+    for j, name in enumerate(COEFFICIENTS):  # a dependent column goes to the earlier one
         if norms[j] == 0:
             unexercised.append(name)
             continue
-        trial = [column[k] for k in (*kept, name)]
+        trial = [COEFFICIENTS.index(k) for k in (*kept, name)]
         if np.linalg.matrix_rank(scaled[:, trial], tol=1e-9) == len(trial):
             kept.append(name)
         else:
             unidentified.append(name)
     return Design(
-        fitted=tuple(n for n in COEFFICIENTS if n in kept),
+        fitted=tuple(kept),
         unexercised=tuple(unexercised),
         unidentified=tuple(unidentified),
     )
