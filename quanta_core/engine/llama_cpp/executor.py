@@ -35,6 +35,7 @@ from quanta_core.engine.errors import (
 )
 from quanta_core.engine.kv_mirror import KvMirror
 from quanta_core.engine.llama_cpp.wire import (
+    NOTICE_SPIN_S,
     Channel,
     ErrorReply,
     MemoryCall,
@@ -95,7 +96,7 @@ class _Worker:
         finally:
             listener.close()
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
-        worker = cls(process, Channel(sock, Reply), tmpdir)  # type: ignore[arg-type]
+        worker = cls(process, Channel(sock, Reply, spin_s=NOTICE_SPIN_S), tmpdir)
         sock.settimeout(config.start_timeout_s)
         try:
             worker.channel.send(StartCall(config))
