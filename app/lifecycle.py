@@ -29,6 +29,7 @@ class Lifecycle:
         self._loading: asyncio.Task[None] | None = None
         self._stopping: asyncio.Task[None] | None = None
         self.on_failure: Callable[[], None] | None = None  # the CLI exits the process
+        self.on_ready: Callable[[], None] | None = None  # the core is built and started
 
     @asynccontextmanager
     async def lifespan(self, _: Litestar) -> AsyncIterator[None]:
@@ -49,6 +50,8 @@ class Lifecycle:
                 self.on_failure()
             return
         self.state.core = core
+        if self.on_ready is not None:
+            self.on_ready()
         if self.state.status is Status.STARTING:
             self.state.status = Status.READY
             log.info("ready: serving %s (n_ctx %d)", core.model_name, core.n_ctx)

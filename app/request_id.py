@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Awaitable
 from typing import Any
 
 from litestar.datastructures import MutableScopeHeaders
@@ -37,11 +38,13 @@ def request_id_middleware(app: ASGIApp) -> ASGIApp:
             return
         shown = shown_request_id(scope)
 
-        async def send_with_id(message: Message) -> None:
+        # Not a coroutine of its own: it runs for every chunk of a stream, the header only on
+        # the first.
+        def send_with_id(message: Message) -> Awaitable[None]:
             if message["type"] == "http.response.start":
                 headers = MutableScopeHeaders.from_message(message)
                 headers[HEADER] = shown
-            await send(message)
+            return send(message)
 
         await app(scope, receive, send_with_id)
 

@@ -3,7 +3,8 @@ completions (``text_completion``), whole or as stream chunks."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -46,6 +47,37 @@ class Collected:
             self.timing = update.timing
 
 
+_encoder = msgspec.json.Encoder()
+
+
+def sse(payload: msgspec.Struct) -> bytes:
+    """One server-sent event: ``data: {json}`` and a blank line."""
+    return b"data: " + _encoder.encode(payload) + b"\n\n"
+
+
+@dataclass(frozen=True, slots=True)
+class TextEvent:
+    """The stream's common event, a piece of one choice's text (no logprobs, not finished),
+    as bytes around the text: cut from the encoded chunk itself, so it is byte for byte what
+    ``sse(chunk)`` writes, without building and encoding the chunk for every token.
+
+        data: {"id":…,"choices":[{"index":0,"text":  "Hello"  ,"logprobs":null,…}]…}\n\n
+        └───────────────── heads[0] ────────────────┘└ text ┘└──────── tail ──────────┘
+    """
+
+    heads: tuple[bytes, ...]  # per choice index
+    tail: bytes
+
+    @classmethod
+    def of(cls, chunk: Callable[[int, str], msgspec.Struct], n: int) -> TextEvent:
+        marker = uuid.uuid4().hex  # cannot occur in the id or the model's name
+        cuts = [sse(chunk(i, marker)).partition(f'"{marker}"'.encode()) for i in range(n)]
+        return cls(tuple(head for head, _, _ in cuts), cuts[0][2])
+
+    def render(self, index: int, text: str) -> bytes:
+        return self.heads[index] + _encoder.encode(text) + self.tail
+
+
 @dataclass(frozen=True, slots=True)
 class Header:
     id: str
@@ -60,6 +92,10 @@ class Renderer(Protocol):
 
     def chunks(self, update: Update) -> list[msgspec.Struct]: ...
 
+    def events(self, update: Update) -> bytes:
+        """``update``'s chunks as server-sent events (``b""`` when there are none)."""
+        ...
+
     def usage_chunk(self, usage: Usage) -> msgspec.Struct: ...
 
     def whole(self, choices: Sequence[Collected], usage: Usage) -> msgspec.Struct: ...
@@ -69,9 +105,31 @@ def _timing(timing: ServerTiming | None) -> ServerTiming | msgspec.UnsetType:
     return msgspec.UNSET if timing is None else timing
 
 
+def _events(renderer: Renderer, text: TextEvent, update: Update) -> bytes:
+    piece = update.piece
+    if piece.text and update.finish_reason is None and not piece.logprobs:
+        return text.render(update.index, piece.text)
+    return b"".join([sse(chunk) for chunk in renderer.chunks(update)])
+
+
 @dataclass(frozen=True, slots=True)
 class ChatRenderer:
     head: Header
+    _text: TextEvent | None = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        text = None
+        if not self.head.logprobs:  # with logprobs, every text chunk carries them
+            text = TextEvent.of(
+                lambda i, t: self._chunk([ChatChunkChoice(i, Delta(content=t), None, None)]),
+                self.head.n,
+            )
+        object.__setattr__(self, "_text", text)
+
+    def events(self, update: Update) -> bytes:
+        if self._text is None:
+            return b"".join([sse(chunk) for chunk in self.chunks(update)])
+        return _events(self, self._text, update)
 
     def _chunk(self, choices: list[ChatChunkChoice]) -> ChatCompletionChunk:
         h = self.head
@@ -131,6 +189,20 @@ class ChatRenderer:
 @dataclass(frozen=True, slots=True)
 class CompletionRenderer:
     head: Header
+    _text: TextEvent | None = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        text = None
+        if not self.head.logprobs:  # with logprobs, every text chunk carries them
+            text = TextEvent.of(
+                lambda i, t: self._chunk([CompletionChoice(i, t, None, None)]), self.head.n
+            )
+        object.__setattr__(self, "_text", text)
+
+    def events(self, update: Update) -> bytes:
+        if self._text is None:
+            return b"".join([sse(chunk) for chunk in self.chunks(update)])
+        return _events(self, self._text, update)
 
     def _chunk(self, choices: list[CompletionChoice]) -> Completion:
         h = self.head

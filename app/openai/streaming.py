@@ -9,20 +9,13 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 
-import msgspec
-
 from app.errors import ApiError, GenerationFailed
 from app.openai.generation import Generation, Update
-from app.openai.render import Renderer
+from app.openai.render import Renderer, sse
 
 log = logging.getLogger("quanta.streaming")
 
 DONE = b"data: [DONE]\n\n"
-_encoder = msgspec.json.Encoder()
-
-
-def sse(payload: msgspec.Struct) -> bytes:
-    return b"data: " + _encoder.encode(payload) + b"\n\n"
 
 
 async def event_stream(
@@ -33,23 +26,28 @@ async def event_stream(
     *,
     include_usage: bool,
 ) -> AsyncIterator[bytes]:
+    # One write per update; the last choice's end goes out with the usage and [DONE].
+    tail = b""
     try:
-        for chunk in renderer.opening():
-            yield sse(chunk)
+        opening = b"".join([sse(chunk) for chunk in renderer.opening()])
         if first is not None:
-            for chunk in renderer.chunks(first):
-                yield sse(chunk)
+            opening += renderer.events(first)
+        if opening:
+            yield opening
         async for update in updates:
-            for chunk in renderer.chunks(update):
-                yield sse(chunk)
+            events = renderer.events(update)
+            if generation.finished:
+                tail += events
+            elif events:
+                yield events
         if include_usage:
-            yield sse(renderer.usage_chunk(generation.usage()))
-        yield DONE
+            tail += sse(renderer.usage_chunk(generation.usage()))
+        yield tail + DONE
     except ApiError as exc:
-        yield sse(exc.body())
+        yield tail + sse(exc.body())
     except Exception:
         log.exception("stream failed")
-        yield sse(GenerationFailed("internal server error").body())
+        yield tail + sse(GenerationFailed("internal server error").body())
     finally:
         # The client left (the stream was cancelled) or something failed: free the KV now.
         if not generation.finished:

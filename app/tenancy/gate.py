@@ -9,7 +9,7 @@ tenancy_middleware      adds x-ratelimit-* to whatever response goes out, and cl
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from litestar.connection import ASGIConnection
@@ -84,12 +84,14 @@ def tenancy_middleware(app: ASGIApp) -> ASGIApp:
             return
         state = _state(scope)
 
-        async def send_with_limits(message: Message) -> None:
+        # Not a coroutine of its own: it runs for every chunk of a stream, the headers only on
+        # the first.
+        def send_with_limits(message: Message) -> Awaitable[None]:
             if message["type"] == "http.response.start" and (extra := state.get(RATE_HEADERS)):
                 headers = MutableScopeHeaders.from_message(message)
                 for name, value in extra.items():
                     headers[name] = value
-            await send(message)
+            return send(message)
 
         try:
             await app(scope, receive, send_with_limits)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import AsyncIterator
 
 from quanta_core.requests import (
@@ -27,7 +28,9 @@ class RequestHandle:
     def __init__(self, request: GenerationRequest, arrival: float) -> None:
         self.request = request
         self.arrival = arrival
-        self._events: asyncio.Queue[Event] = asyncio.Queue()
+        # A deque and one waiter, not an asyncio.Queue: this is on every token's way.
+        self._events: deque[Event] = deque()
+        self._waiter: asyncio.Future[None] | None = None
         self._results: dict[int, ChoiceResult] = {}
         self._done = asyncio.Event()
 
@@ -42,7 +45,7 @@ class RequestHandle:
     @property
     def pending(self) -> bool:
         """Events pushed that the consumer has not taken yet."""
-        return not self._events.empty()
+        return bool(self._events)
 
     def push(self, event: Event) -> None:
         if self.done:
@@ -51,7 +54,10 @@ class RequestHandle:
             self._results[event.result.index] = event.result
             if len(self._results) == self.request.n:
                 self._done.set()
-        self._events.put_nowait(event)
+        self._events.append(event)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def fail(self, reason: FinishReason, error: str, now: float) -> None:
         """Finish every choice that is still open (the driver could not run it)."""
@@ -75,9 +81,13 @@ class RequestHandle:
         )
 
     async def __aiter__(self) -> AsyncIterator[Event]:
-        finished = 0
-        while finished < self.request.n:
-            event = await self._events.get()
+        finished, n, events = 0, self.request.n, self._events
+        while finished < n:
+            if not events:
+                self._waiter = asyncio.get_running_loop().create_future()
+                await self._waiter
+                self._waiter = None
+            event = events.popleft()
             if isinstance(event, ChoiceFinished):
                 finished += 1
             yield event
