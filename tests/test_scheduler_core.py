@@ -8,7 +8,8 @@ import msgspec
 
 from quanta_core.engine.fake import FakeExecutor
 from quanta_core.engine.types import CopyPrefix, EngineInfo, SamplingParams, SeqSlice, Truncate
-from quanta_core.requests import FinishReason
+from quanta_core.requests import ChoiceFinished, FinishReason, TokenEvent
+from quanta_core.scheduler import Scheduler
 from tests.scheduler_harness import Harness, expected_tokens, prompt
 
 
@@ -199,3 +200,21 @@ def test_choices_of_a_seeded_request_draw_with_distinct_seeds() -> None:
     h.run()
     seeds = {s.owner: s.sampling.seed for p in h.plans for s in p.slices}
     assert seeds == {"s/0": 7, "s/1": 8, "s/2": 9}
+
+
+def test_without_token_events_only_the_finishes_are_told_and_nothing_else_changes() -> None:
+    runs = []
+    for token_events in (True, False):
+        h = Harness.make()
+        h.sched = Scheduler(h.sched.config, h.executor.info, h.clock, token_events=token_events)
+        h.submit("a", prompt(20), max_tokens=5)
+        h.submit("b", prompt(30, base=300), max_tokens=3, n=2)
+        h.run()
+        runs.append(h)
+    told, quiet = runs
+    assert quiet.plans == told.plans
+    assert not any(isinstance(e, TokenEvent) for e in quiet.events)
+    assert [e for e in quiet.events if isinstance(e, ChoiceFinished)] == [
+        e for e in told.events if isinstance(e, ChoiceFinished)
+    ]
+    assert quiet.results()["a", 0].output_tokens == tuple(told.streamed("a"))

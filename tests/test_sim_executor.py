@@ -15,7 +15,7 @@ from quanta_core.scheduler.config import PolicyName
 from quanta_core.sim.cost_model import CostModel, StepFeatures
 from quanta_core.sim.executor import SimExecutor
 
-MODEL = CostModel(intercept=0.01, per_decode=0.002, per_prefill=0.003, per_batch_kv=0.5)
+MODEL = CostModel(per_pass=0.01, per_decode=0.002, per_prefill=0.003, per_batch_kv=0.5)
 
 
 def _sim() -> SimExecutor:
@@ -43,6 +43,13 @@ def test_an_invalid_plan_is_refused_and_changes_nothing() -> None:
     with pytest.raises(EngineInputError):
         ex.step(bad)
     assert [(m.seq, m.pos_max) for m in ex.memory_stats().sequences] == [(0, 2)]
+    # Refused at its third slice, after two were taken in: both are put back.
+    twice = StepPlan(slices=(SeqSlice(0, (8,), 3), SeqSlice(2, (5,), 0), SeqSlice(0, (9,), 4)))
+    with pytest.raises(EngineInputError, match="twice"):
+        ex.step(twice)
+    assert [(m.seq, m.pos_max) for m in ex.memory_stats().sequences] == [(0, 2)]
+    ex.step(StepPlan(slices=(SeqSlice(0, (8,), 3),)))  # and the mirror goes on from there
+    assert [(m.seq, m.pos_max) for m in ex.memory_stats().sequences] == [(0, 3)]
 
 
 def test_tokens_are_deterministic_never_eog_and_continue_after_a_replay() -> None:

@@ -128,6 +128,8 @@ class Request:
     def charge_input(self, start: int, end: int) -> int:
         """How many prompt tokens a step computing ``[start, end)`` computed for the first
         time (a prefix-cache hit was never computed; a recompute was, before)."""
+        if self.charged_input >= self.prompt_len:
+            return 0  # all charged already: a decode step, the common case
         end = min(end, self.prompt_len)
         new = max(end - max(start, self.charged_input), 0)
         self.charged_input = max(self.charged_input, end)

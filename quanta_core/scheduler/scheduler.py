@@ -49,6 +49,8 @@ from quanta_core.scheduler.request import Request, RequestStatus
 
 # Reasons whose KV is sound and worth keeping in the prefix cache.
 _CACHEABLE = frozenset({FinishReason.STOP, FinishReason.LENGTH, FinishReason.CANCELLED})
+# For the per-step loop: in Python 3.11 looking up an enum member costs a descriptor call.
+_RUNNING = RequestStatus.RUNNING
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,8 +71,13 @@ class SchedulerStats:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, info: EngineInfo, clock: Clock) -> None:
+    def __init__(
+        self, config: SchedulerConfig, info: EngineInfo, clock: Clock, *, token_events: bool = True
+    ) -> None:
         self.config = config
+        # A caller that needs only each choice's end (the simulator: a result carries its
+        # tokens and their times) is spared an event per token.
+        self.token_events = token_events
         self.info = info
         self.clock = clock
         bs = config.block_size
@@ -226,42 +233,41 @@ class Scheduler:
 
     def schedule(self) -> StepPlan:
         now = self.clock.now()
-        self._apply_cancels()
-        running = self._running
-        self.policy.begin_cycle(running, now)
-        limits = self.policy.limits(running, self.base_limits)
+        if self._cancels:
+            self._apply_cancels()
+        running, policy, kv = self._running, self.policy, self.kv
+        policy.begin_cycle(running, now)
+        limits = policy.limits(running, self.base_limits)
         budget = limits.token_budget
         slices: list[SeqSlice] = []
-        queue = self.policy.order_running(list(running))
+        queue = policy.order_running(list(running))
         preempted = False
         deferred: list[Request] = []
         for i, r in enumerate(queue):
             if budget <= 0:
                 break
-            if r.status is not RequestStatus.RUNNING:
+            if r.status is not _RUNNING:
                 continue  # evicted earlier in this loop
-            if self.policy.defers(r):
+            if policy.defers(r):
                 deferred.append(r)
                 continue
             assert r.seq is not None
-            n = min(r.num_tokens - r.num_computed_tokens, budget)
-            while not self.kv.grow(r.seq, r.num_computed_tokens + n):
+            n = min(len(r.tokens) - r.num_computed_tokens, budget)
+            while not kv.grow(r.seq, r.num_computed_tokens + n):
                 candidates = [c for c in queue[i:] if c.status is RequestStatus.RUNNING]
-                victim = self.policy.pick_victim(candidates)
+                victim = policy.pick_victim(candidates)
                 self._preempt(victim, now)
                 preempted = True
                 if victim is r:
                     break
-            if r.status is RequestStatus.RUNNING:
+            if r.status is _RUNNING:
                 slices.append(self._slice(r, n, now))
                 budget -= n
         if not preempted:
             budget = self._admit(budget, limits.max_running, slices, now)
         for r in deferred:
             budget = self._run_deferred(r, budget, slices, now)
-        plan = StepPlan(
-            kv_ops=tuple(self.kv.drain_ops()), slices=tuple(slices), release=tuple(self._release)
-        )
+        plan = StepPlan(tuple(kv.drain_ops()), tuple(slices), tuple(self._release))
         self._release.clear()
         return plan
 
@@ -280,11 +286,15 @@ class Scheduler:
 
     def _admit(self, budget: int, max_running: int, slices: list[SeqSlice], now: float) -> int:
         waiting = self.policy.waiting
+        if not waiting:
+            return budget  # most steps
         skipped: list[Request] = []
         while budget > 0 and len(self._running) < max_running and self.kv.num_seqs_available > 0:
             r = waiting.peek()
+            if r is None:
+                break
             allowed = self._room(budget, slices)
-            if r is None or allowed <= 0:
+            if allowed <= 0:
                 break
             decision = self.policy.may_admit(r, self._running)
             if decision is AdmitDecision.STOP:
@@ -344,7 +354,7 @@ class Scheduler:
         assert r.seq is not None
         start = r.num_computed_tokens
         end = start + n
-        sample = end == r.num_tokens
+        sample = end == len(r.tokens)
         if r.first_scheduled is None:
             r.first_scheduled = now
         replay: tuple[int, ...] = ()
@@ -405,18 +415,18 @@ class Scheduler:
             if info.key in self._stash_bytes:
                 self._stash_bytes[info.key] = info.n_bytes
         outputs = {o.seq: o for o in result.outputs}
+        by_seq, kv, policy = self._by_seq, self.kv, self.policy
         for s in plan.slices:
-            r = self._by_seq.get(s.seq)
+            r = by_seq.get(s.seq)
             if r is None:
                 continue
             r.restored_key = None
-            r.num_computed_tokens = s.start_pos + len(s.tokens)
-            assert r.seq is not None
-            self.kv.commit(r.seq, r.tokens, r.num_computed_tokens)
-            charged = r.charge_input(s.start_pos, r.num_computed_tokens)
+            r.num_computed_tokens = end = s.start_pos + len(s.tokens)
+            kv.commit(s.seq, r.tokens, end)
+            charged = r.charge_input(s.start_pos, end)
             if charged:
-                self.policy.on_progress(r, charged, 0)
-            if r.siblings_blocked and r.num_computed_tokens >= r.prompt_len:
+                policy.on_progress(r, charged, 0)
+            if r.siblings_blocked and end >= r.prompt_len:
                 self._unblock_siblings(r)
             if not s.sample:
                 continue
@@ -426,7 +436,7 @@ class Scheduler:
                 continue
             r.needs_replay = False
             self._on_token(r, out, now)
-        self.policy.on_step(plan, result)
+        policy.on_step(plan, result)
         if self.config.check_integrity:
             self.check_integrity()
         return self.drain_events()
@@ -440,10 +450,12 @@ class Scheduler:
             self._finish(r, FinishReason.STOP)
             return
         r.append_output(out, now)
-        self._events.append(
-            TokenEvent(r.request_id, r.index, out.token, out.logprob, out.top_logprobs)
-        )
-        if r.num_output >= r.max_tokens or r.num_tokens >= self.max_seq_tokens:
+        if self.token_events:
+            self._events.append(
+                TokenEvent(r.request_id, r.index, out.token, out.logprob, out.top_logprobs)
+            )
+        n_tokens = len(r.tokens)
+        if n_tokens - r.prompt_len >= r.max_tokens or n_tokens >= self.max_seq_tokens:
             self._finish(r, FinishReason.LENGTH)
 
     def _unblock_siblings(self, r: Request) -> None:
@@ -514,8 +526,9 @@ class Scheduler:
                 f"the prompt has {len(req.prompt_tokens)} tokens; this engine's context "
                 f"holds {self.max_seq_tokens} with the output"
             )
-        bad = [t for t in req.prompt_tokens if not 0 <= t < self.info.n_vocab]
-        if bad:
+        n_vocab = self.info.n_vocab
+        if min(req.prompt_tokens) < 0 or max(req.prompt_tokens) >= n_vocab:
+            bad = [t for t in req.prompt_tokens if not 0 <= t < n_vocab]
             return f"token ids out of the vocabulary: {bad[:5]}"
         return None
 

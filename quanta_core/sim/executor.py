@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import zlib
 
+from quanta_core.engine.errors import EngineInputError
 from quanta_core.engine.kv_mirror import KvMirror
 from quanta_core.engine.types import (
     EngineInfo,
@@ -49,7 +50,7 @@ class SimExecutor:
     def step(self, plan: StepPlan) -> StepResult:
         mirror = self._mirror
         features = features_of(plan, mirror.lengths, mirror.stash_lengths)
-        mirror.adopt(mirror.after(plan))  # an invalid plan raises and changes nothing
+        self._advance(plan)
         stashed: tuple[StashInfo, ...] = ()
         if plan.kv_ops:
             per_token = self._info.kv_bytes_per_token
@@ -72,6 +73,26 @@ class SimExecutor:
             stashed=stashed,
             timings=StepTimings(engine_s=seconds, total_s=seconds),
         )
+
+    def _advance(self, plan: StepPlan) -> None:
+        """Move the mirror past ``plan``: an invalid plan raises and changes nothing."""
+        mirror = self._mirror
+        if plan.kv_ops:
+            mirror.adopt(mirror.after(plan))  # ops may touch any sequence or stash: on a copy
+            return
+        # Without ops (most steps) a plan changes only its slices' sequences: applied in
+        # place and, if refused half-way, those put back (no copy of every held sequence).
+        lengths = mirror.lengths
+        before = [(s.seq, lengths.get(s.seq)) for s in plan.slices]
+        try:
+            mirror.apply(plan)
+        except EngineInputError:
+            for seq, n in before:
+                if n is None:
+                    lengths.pop(seq, None)
+                else:
+                    lengths[seq] = n
+            raise
 
     def _sample(self, owner: str, replayed: int) -> int:
         state = self._samplers.get(owner)

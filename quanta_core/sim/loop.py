@@ -9,7 +9,8 @@
 As in ``Driver``: one step in flight at a time; a request that arrives during a step is
 submitted at its own time (admission sees the right clock and queue) and first planned at the
 next cycle; an empty plan leaves the engine idle until the next arrival. The executor never
-touches the clock: the loop jumps it from event to event.
+touches the clock: the loop jumps it from event to event. A step that ends before anything
+else is due is taken in at once, not queued: the queue would hand it straight back.
 """
 
 from __future__ import annotations
@@ -19,12 +20,14 @@ from collections.abc import Callable
 from quanta_core.clock import VirtualClock
 from quanta_core.engine.errors import EngineInputError
 from quanta_core.engine.protocol import Executor
+from quanta_core.engine.types import StepPlan, StepResult
 from quanta_core.requests import ChoiceFinished, ChoiceResult, GenerationRequest
 from quanta_core.scheduler.handle import Event as SchedulerEvent
 from quanta_core.scheduler.scheduler import Scheduler
 from quanta_core.sim.events import Arrival, EventQueue, StepDone, StepStart, Wake
 
 OnFinished = Callable[[ChoiceResult], None]
+_Step = tuple[float, StepPlan, StepResult]  # a step in flight: when it ends, what it ran
 
 
 class SimLoop:
@@ -60,50 +63,65 @@ class SimLoop:
             time, event = queue.pop()
             clock.advance_to(time)
             if type(event) is StepDone:
-                self._step_done(event, time)
+                self._run_engine(self._step_done(event.plan, event.result, time))
             elif type(event) is Arrival:
                 self.scheduler.submit(event.request)
                 self._hand_out(self.scheduler.drain_events())  # an immediate rejection
                 self._wake_engine(time)
             elif type(event) is StepStart:
-                self._step_start(time)
+                self._run_engine(self._step_start(time))
             else:
                 assert isinstance(event, Wake)
                 event.action(time)
+
+    def _run_engine(self, step: _Step | None) -> None:
+        """Steps back to back for as long as each ends before anything else is due (the
+        queue would hand its end straight back); the first one that does not is queued."""
+        queue, clock = self.queue, self.clock
+        while step is not None:
+            end, plan, result = step
+            if end >= queue.next_time():  # at equal times, what was queued first goes first
+                queue.push(end, StepDone(plan, result))
+                return
+            clock.advance_to(end)
+            step = self._step_done(plan, result, end)
 
     def _wake_engine(self, now: float) -> None:
         if not self._engine_busy:
             self._engine_busy = True
             self.queue.push(now, StepStart())
 
-    def _step_start(self, now: float) -> None:
+    def _step_start(self, now: float) -> _Step | None:
+        """Plan and run a step: when it ends, its plan and result (None: none runs now)."""
         sched = self.scheduler
         plan = sched.schedule()
         self._hand_out(sched.drain_events())
         if plan.is_empty:
             self._engine_busy = False  # nothing runnable: only an arrival changes that
-            return
+            return None
         try:
             result = self.executor.step(plan)
         except EngineInputError as exc:
             # A scheduler bug, handled as the server handles it: the plan's requests fail.
             self._hand_out(sched.on_plan_rejected(plan, str(exc)))
             self.queue.push(now, StepStart())
-            return
+            return None
         if plan.slices:
             self.steps += 1
         self.busy_s += result.timings.total_s
-        self.queue.push(now + result.timings.total_s, StepDone(plan, result))
+        return now + result.timings.total_s, plan, result
 
-    def _step_done(self, event: StepDone, now: float) -> None:
+    def _step_done(self, plan: StepPlan, result: StepResult, now: float) -> _Step | None:
+        """Take in a step's result; the next step, if it starts at once."""
         sched = self.scheduler
-        self._hand_out(sched.update(event.plan, event.result))
+        self._hand_out(sched.update(plan, result))
         if not sched.has_work:
             self._engine_busy = False
-        elif self.queue.next_time() > now:
-            self._step_start(now)  # nothing else happens at `now`: no need to queue it
-        else:
-            self.queue.push(now, StepStart())  # after what is already due at `now`
+            return None
+        if self.queue.next_time() > now:
+            return self._step_start(now)  # nothing else happens at `now`: no need to queue it
+        self.queue.push(now, StepStart())  # after what is already due at `now`
+        return None
 
     def _hand_out(self, events: list[SchedulerEvent]) -> None:
         # Token events are not needed one by one: a finished choice carries its token times.

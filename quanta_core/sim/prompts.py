@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import zlib
 
+import numpy as np
+
 from quanta_core.workload import Endpoint, PlannedRequest
 
 CHAT_HEAD_TOKENS = 24
@@ -33,7 +35,11 @@ def _span(n_vocab: int) -> tuple[int, int]:
 
 
 def _stream(seed: int, n: int, low: int, span: int) -> list[int]:
-    return [low + (seed + 7919 * k + (k * k) % 104729) % span for k in range(n)]
+    """``low + (seed + 7919 k + k² mod 104729) mod span`` for k < n, in numpy: a simulation
+    makes millions of these (the values fit in 64 bits: seed < 2³², k < 2³¹)."""
+    k = np.arange(n, dtype=np.int64)
+    values: list[int] = (low + (seed + 7919 * k + (k * k) % 104729) % span).tolist()
+    return values
 
 
 def prompt_ids(

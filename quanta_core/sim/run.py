@@ -96,7 +96,7 @@ def simulate(
     cost_model: CostModel,
 ) -> SimOutcome:
     clock = VirtualClock()
-    scheduler = Scheduler(config, engine, clock)
+    scheduler = Scheduler(config, engine, clock, token_events=False)  # results carry them
     executor = SimExecutor(engine, cost_model)
     client = _Client(spec, plan, engine.n_vocab)
     loop = SimLoop(scheduler, executor, clock, client.on_finished)
