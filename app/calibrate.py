@@ -1,34 +1,26 @@
 """``quanta calibrate``: measure the real engine over a grid of steps and fit a cost model.
 
-    quanta calibrate                      # full grid, about 4 min on a quiet 2-core machine
-    quanta calibrate --quick              # small grid, about 20 s (tests, smoke runs)
+    quanta calibrate                      # full grid, about 6 min on a quiet 2-core machine
+    quanta calibrate --quick              # small grid, about 30 s (tests, smoke runs)
     quanta calibrate --samples s.json     # also keep the raw samples ...
     quanta calibrate --refit s.json       # ... and fit them again, no engine needed
+    quanta calibrate --probe-only --out probe.json   # how fast is the machine now? (~5 s)
 
-The grid is run in order of context, then batch size, so each context is filled once:
-
-    context 0      prefill chunks on an empty sequence
-    context C      sequence 0 holds C:  prefill chunks appended at C, stash + restore of C
-                   sequences 0..B-1 hold C (B ascending, filled as B grows):
-                       decode of all B, mixed = B decodes + one chunk of (budget - B) new tokens
-
-Only the point's own sequences hold KV while it runs: with ``kv_unified`` every token attends
-over the whole shared buffer, so bystanders would slow the step. Each run is undone (Truncate
-back to C) so repeats are identical; the first run of a point is a warm-up, not fitted. The
-fill steps are real multi-sequence prefill steps and are kept as single-run samples.
+The grid and its runner are in ``app.calibration_grid`` (filled once, then repeat-major
+passes in shuffled order), the reference probe in ``app.calibration_probe``: measured during
+the calibration and kept in the cost model (``meta.probe``), measured alone by
+``--probe-only``, whose speed factor ``quanta sim --speed-factor`` takes.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import platform
-import random
 import re
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -39,11 +31,19 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from app.bench.report import package_version
+from app.calibration_grid import FULL, QUICK, GridRunner, Point, build_grid, visit_order
+from app.calibration_probe import (
+    PARTS,
+    ProbeResult,
+    calibrated_probe_s,
+    measure_probe,
+    probe_report,
+    summarise,
+)
 from app.settings import ModelNotFoundError, Settings
-from quanta_core.engine import EngineInfo, Executor, Restore, SeqSlice, Stash, StepPlan, Truncate
+from quanta_core.engine import EngineInfo, StepPlan
 from quanta_core.engine.errors import EngineError
-from quanta_core.engine.kv_mirror import KvMirror
-from quanta_core.sim.cost_model import COEFFICIENTS, CostModel, StepFeatures, features_of
+from quanta_core.sim.cost_model import COEFFICIENTS, CostModel, StepFeatures
 from quanta_core.sim.fit import (
     Group,
     Sample,
@@ -59,203 +59,6 @@ COST_MODELS_DIR = Path("config/cost_models")
 # someone else made steps 2-8x slower here. A 1-minute load average above this gets a warning.
 BUSY_LOAD = 0.5
 console = Console()
-
-
-# ---- the grid ----
-
-
-class Kind(StrEnum):
-    PREFILL = "prefill"
-    STASH = "stash"
-    DECODE = "decode"
-    MIXED = "mixed"
-
-
-_KIND_ORDER = {Kind.PREFILL: 0, Kind.STASH: 1, Kind.DECODE: 2, Kind.MIXED: 3}
-
-
-@dataclass(frozen=True, slots=True)
-class Point:
-    """One grid point: sequences ``0..batch-1`` hold ``context`` tokens while it runs."""
-
-    kind: Kind
-    batch: int
-    context: int
-    chunk: int = 0  # new prefill tokens: appended to sequence 0 (PREFILL) or a new one (MIXED)
-
-    @property
-    def label(self) -> str:
-        match self.kind:
-            case Kind.PREFILL:
-                return f"prefill {self.chunk} at {self.context}"
-            case Kind.STASH:
-                return f"stash/restore {self.context}"
-            case Kind.DECODE:
-                return f"decode {self.batch} at {self.context}"
-            case Kind.MIXED:
-                return f"mixed {self.batch} at {self.context} + {self.chunk}"
-
-
-@dataclass(frozen=True, slots=True)
-class GridSpec:
-    contexts: tuple[int, ...]  # tokens each decode sequence holds
-    batches: tuple[int, ...]  # decode batch sizes
-    prefill_starts: tuple[int, ...]
-    prefill_chunks: tuple[int, ...]
-    mixed_batches: tuple[int, ...]  # decodes beside one chunk of (token budget - batch)
-    max_held: int  # KV tokens a context's fill may reach: bounds the time spent filling
-    repeats: int  # measured runs per point, after one warm-up
-
-
-# Time on this 2-core machine is mostly filling: 4 contexts x 4096 tokens at ~155 tokens/s.
-FULL = GridSpec(
-    contexts=(64, 256, 1024, 2048),
-    batches=(1, 2, 4, 8, 16, 32, 64),
-    prefill_starts=(0, 256, 1024, 2048),
-    prefill_chunks=(16, 64, 256),
-    mixed_batches=(2, 8, 32),
-    max_held=4096,
-    repeats=4,
-)
-QUICK = GridSpec(
-    contexts=(32, 256),
-    batches=(1, 4, 16),
-    prefill_starts=(0, 256),
-    prefill_chunks=(16, 64),
-    mixed_batches=(4,),
-    max_held=512,
-    repeats=3,  # the fewest whose median ignores one disturbed run
-)
-
-
-def build_grid(
-    spec: GridSpec, n_ctx: int, n_seq_max: int, n_batch: int, budget: int
-) -> list[Point]:
-    """The points of ``spec`` that fit the engine, in the order they are run."""
-    # Keep a batch's worth of cells free beside the held KV, for the step's new tokens.
-    room = min(spec.max_held, n_ctx - n_batch)
-    points = [
-        Point(Kind.PREFILL, 1, start, n)
-        for start in spec.prefill_starts
-        for n in spec.prefill_chunks
-        if start <= room and n <= n_batch
-    ]
-    for c in (c for c in spec.contexts if 0 < c <= room):
-        points.append(Point(Kind.STASH, 1, c))
-        points += [
-            Point(Kind.DECODE, b, c)
-            for b in spec.batches
-            if b <= min(n_seq_max, n_batch) and b * c <= room
-        ]
-        points += [
-            Point(Kind.MIXED, b, c, budget - b)
-            for b in spec.mixed_batches
-            if budget - b > 1 and b < n_seq_max and b * c <= room
-        ]
-    return sorted(points, key=lambda p: (p.context, p.batch, _KIND_ORDER[p.kind]))
-
-
-# ---- running it ----
-
-
-class GridRunner:
-    """Runs grid points on an executor and records every timed step as a ``Sample``."""
-
-    def __init__(self, executor: Executor, repeats: int, seed: int = 0) -> None:
-        self.ex = executor
-        self.repeats = repeats
-        self.rng = random.Random(seed)
-        self.mirror = KvMirror.for_engine(executor.info)  # lengths before each step
-        self.samples: list[Sample] = []
-        self._batch = 0  # sequences 0.._batch-1 hold _context tokens; nothing else is held
-        self._context = 0
-        self._fills = 0
-
-    def run(self, points: Sequence[Point], done: Callable[[Point], None] | None = None) -> None:
-        for p in points:
-            self.hold(p.batch, p.context)
-            for i in range(1 + self.repeats):
-                self.run_once(p, warmup=i == 0)
-            if done is not None:
-                done(p)
-        self.hold(0, 0)
-
-    def run_once(self, p: Point, warmup: bool) -> None:
-        decodes = tuple(self._decode_slice(s, p.context) for s in range(p.batch))
-        back = tuple(Truncate(s, p.context) for s in range(p.batch))
-        match p.kind:
-            case Kind.DECODE:
-                self._timed(p.label, StepPlan(slices=decodes), warmup)
-                self._untimed(StepPlan(kv_ops=back))
-            case Kind.MIXED:
-                chunk = SeqSlice(p.batch, self._tokens(p.chunk), 0)
-                self._timed(p.label, StepPlan(slices=(*decodes, chunk)), warmup)
-                self._untimed(StepPlan(kv_ops=(*back, Truncate(p.batch, 0))))
-            case Kind.PREFILL:
-                chunk = SeqSlice(0, self._tokens(p.chunk), p.context)
-                self._timed(p.label, StepPlan(slices=(chunk,)), warmup)
-                self._untimed(StepPlan(kv_ops=(Truncate(0, p.context),)))
-            case Kind.STASH:
-                key = f"calibrate#{len(self.samples)}"
-                self._timed(f"stash {p.context}", StepPlan(kv_ops=(Stash(0, key),)), warmup)
-                self._timed(f"restore {p.context}", StepPlan(kv_ops=(Restore(0, key),)), warmup)
-
-    def hold(self, batch: int, context: int) -> None:
-        """Make sequences ``0..batch-1`` hold ``context`` tokens, and nothing else be held."""
-        if context != self._context:
-            self._drop(range(self._batch))
-            self._batch, self._context = 0, context
-        elif batch < self._batch:
-            self._drop(range(batch, self._batch))
-            self._batch = batch
-        if context > 0 and batch > self._batch:
-            self._fill(range(self._batch, batch), context)
-            self._batch = batch
-
-    def _fill(self, seqs: range, context: int) -> None:
-        """Prefill ``seqs`` to ``context`` in steps of up to n_batch tokens (timed: real steps)."""
-        pending = {s: context for s in seqs}
-        while pending:
-            slices, room = [], self.ex.info.n_batch
-            for s in list(pending):
-                n = min(pending[s], room)
-                if n == 0:
-                    break
-                slices.append(SeqSlice(s, self._tokens(n), context - pending[s]))
-                room -= n
-                pending[s] -= n
-                if not pending[s]:
-                    del pending[s]
-            self._fills += 1
-            self._timed(f"fill {context} #{self._fills}", StepPlan(slices=tuple(slices)), False)
-
-    def _drop(self, seqs: range) -> None:
-        held = [s for s in seqs if self.mirror.n_tokens(s)]
-        owners = tuple(f"calibrate{s}" for s in seqs)
-        self._untimed(StepPlan(kv_ops=tuple(Truncate(s) for s in held), release=owners))
-
-    def _timed(self, point: str, plan: StepPlan, warmup: bool) -> None:
-        features = features_of(plan, self.mirror.lengths, self.mirror.stash_lengths)
-        held = sum(self.mirror.lengths.values())
-        # What the virtual clock must reproduce: the step as the scheduler's caller sees it.
-        t0 = time.perf_counter()
-        result = self.ex.step(plan)
-        seconds = time.perf_counter() - t0
-        self.mirror.apply(plan)
-        engine_s = result.timings.engine_s
-        self.samples.append(Sample(point, features, seconds, engine_s, warmup, held))
-
-    def _untimed(self, plan: StepPlan) -> None:
-        self.ex.step(plan)
-        self.mirror.apply(plan)
-
-    def _tokens(self, n: int) -> tuple[int, ...]:
-        # Distinct random tokens: no accidental repetition for the model to shortcut.
-        return tuple(self.rng.randrange(100, self.ex.info.n_vocab) for _ in range(n))
-
-    def _decode_slice(self, seq: int, pos: int) -> SeqSlice:
-        # Decode slices sample, as the scheduler's do: the sampler is part of the step.
-        return SeqSlice(seq, self._tokens(1), pos, sample=True, owner=f"calibrate{seq}")
 
 
 # ---- where the file goes ----
@@ -291,6 +94,7 @@ def default_out(model_stem: str, machine: str) -> Path:
 
 
 # ---- measuring ----
+# ---- measuring ----
 
 
 def measurement_meta(
@@ -316,30 +120,47 @@ def measurement_meta(
         "token_budget": budget,
         "grid": "quick" if quick else "full",
         "repeats": repeats,
+        "order": "each context filled once; then repeat-major passes, each shuffled (seed 0)",
         "llama_cpp_python": package_version("llama-cpp-python"),
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "load_avg_before": list(os.getloadavg()),
     }
 
 
+class _Bar:
+    """A progress bar over the visits that names what runs (a fill, a probe, a point)."""
+
+    def __init__(self, progress: Progress, total: int) -> None:
+        self.progress = progress
+        self.task = progress.add_task("", total=total)
+
+    def starting(self, what: str) -> None:
+        self.progress.update(self.task, description=what)
+
+    def visited(self, point: Point) -> None:
+        self.progress.update(self.task, advance=1)
+
+
 @contextmanager
-def _progress(grid: Sequence[Point]) -> Iterator[Callable[[Point], None]]:
-    """A bar over the grid that names the point being run (its fill included)."""
+def _progress(visits: Sequence[Point]) -> Iterator[_Bar]:
     columns = (TextColumn("{task.description:<32}"), BarColumn(), MofNCompleteColumn())
     with Progress(*columns, TimeElapsedColumn(), console=console, transient=True) as progress:
-        task = progress.add_task(grid[0].label if grid else "", total=len(grid))
-        upcoming = iter(grid[1:])
+        yield _Bar(progress, len(visits))
 
-        def done(p: Point) -> None:
-            progress.update(task, advance=1, description=next(upcoming, p).label)
 
-        yield done
+def _warn_if_busy() -> None:
+    load = os.getloadavg()[0]
+    if load > BUSY_LOAD:
+        console.print(
+            f"[yellow]the machine is busy (load average {load:.2f}): other work is measured "
+            "as engine time; calibrate on a quiet machine for a cost model to keep[/yellow]"
+        )
 
 
 def measure(
     settings: Settings, quick: bool, repeats: int | None
 ) -> tuple[list[Sample], dict[str, Any]]:
-    """Start the engine, run the grid, stop the engine."""
+    """Start the engine, run the grid (the reference probe between), stop the engine."""
     # The llama.cpp side is imported here only: --refit and the tests of the fit never need it.
     from app.assemble import scheduler_config
     from quanta_core.engine.llama_cpp.executor import LlamaCppExecutor
@@ -347,27 +168,40 @@ def measure(
     spec = QUICK if quick else FULL
     runs = repeats if repeats is not None else spec.repeats
     budget = scheduler_config(settings).token_budget
-    load = os.getloadavg()[0]
-    if load > BUSY_LOAD:
-        console.print(
-            f"[yellow]the machine is busy (load average {load:.2f}): other work is measured "
-            "as engine time; calibrate on a quiet machine for a cost model to keep[/yellow]"
-        )
+    _warn_if_busy()
     with LlamaCppExecutor.start(settings.engine_config()) as ex:
         info = ex.info
         meta = measurement_meta(settings, info, budget, quick, runs)
         grid = build_grid(spec, info.n_ctx, info.n_seq_max, info.n_batch, budget)
-        runner = GridRunner(ex, runs)
-        with _progress(grid) as done:
-            runner.run(grid, done)
+        visits = visit_order(grid, runs)
+        runner = GridRunner(ex, probe_every=spec.probe_every)
+        with _progress(visits) as bar:
+            runner.run(visits, bar)
     meta["load_avg_after"] = list(os.getloadavg())
+    meta["probe"] = summarise(runner.probes)
     return runner.samples, meta
+
+
+def measure_probe_alone(settings: Settings) -> ProbeResult:
+    """Start the engine, run the reference probe once, stop the engine."""
+    from quanta_core.engine.llama_cpp.executor import LlamaCppExecutor
+
+    _warn_if_busy()
+    with LlamaCppExecutor.start(settings.engine_config()) as ex:
+
+        def step(plan: StepPlan) -> float:
+            t0 = time.perf_counter()
+            ex.step(plan)
+            return time.perf_counter() - t0
+
+        return measure_probe(step, ex.info.n_vocab)
 
 
 # ---- showing it ----
 
 _READING = {
-    "intercept": "per step",
+    "per_pass": "per step that runs tokens (a forward pass)",
+    "per_batched_pass": "more, if it runs more than one token",
     "per_decode": "per decode token",
     "per_prefill": "per prefill token",
     "per_attended": "per 1,000 attended (query, key) pairs",
@@ -429,6 +263,27 @@ def plot_fit(model: CostModel, points: Sequence[tuple[StepFeatures, float]], pat
     plt.close(fig)
 
 
+def print_probe(result: ProbeResult, report: dict[str, Any]) -> None:
+    table = Table(title="reference probe (app/calibration_probe.py)")
+    for col in ("part", "runs", "x", "median ms"):
+        table.add_column(col, justify="left" if col == "part" else "right")
+    for part in PARTS:
+        ms = 1e3 * result.parts[part.name]
+        table.add_row(part.name, str(part.runs), str(part.weight), f"{ms:.1f}")
+    console.print(table)
+    now, then = result.total_s, report["calibrated_total_s"]
+    line = f"this machine now runs the probe in {now:.3f} s"
+    if then is None:
+        where = report["cost_model"] or "no cost model"
+        console.print(f"{line}; {where} has no reference probe: no speed factor")
+    else:
+        factor = report["speed_factor"]
+        console.print(
+            f"{line}; the cost model was calibrated at {then:.3f} s: "
+            f"speed factor {now:.3f}/{then:.3f} = {factor:.3f}"
+        )
+
+
 # ---- the command ----
 
 
@@ -462,17 +317,58 @@ def _measure(
         raise _fail(f"engine: {exc}", code=1) from None
 
 
+def probe_only(settings: Settings, cost_model: Path | None, out: Path | None) -> None:
+    """Measure the reference probe alone; compare it with ``cost_model``'s calibration."""
+    try:
+        stem = settings.resolved_model_path().stem
+    except ModelNotFoundError as exc:
+        raise _fail(f"engine: {exc}", code=1) from None
+    path = cost_model or default_out(stem, machine_slug(settings.threads))
+    reference = None
+    if cost_model is not None or path.exists():
+        try:
+            reference = CostModel.load(path)
+        except ValueError as exc:
+            raise _fail(f"cost model: {exc}") from None
+    try:
+        result = measure_probe_alone(settings)
+    except EngineError as exc:
+        raise _fail(f"engine: {exc}", code=1) from None
+    report = probe_report(
+        result,
+        reference,
+        path if reference is not None else None,
+        {
+            "model": settings.resolved_model_path().name,
+            "machine": machine_slug(settings.threads),
+            "threads": settings.threads,
+            "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "load_avg": list(os.getloadavg()),
+        },
+    )
+    print_probe(result, report)
+    if reference is not None and calibrated_probe_s(reference) is None:
+        console.print("[yellow]calibrate again (`quanta calibrate`) for a reference[/yellow]")
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=1) + "\n")
+        console.print(f"probe written to {out}")
+
+
 def calibrate(
     model: Annotated[Path | None, typer.Option(help="GGUF file (default: SmolLM2-135M)")] = None,
     threads: Annotated[int | None, typer.Option(help="llama.cpp threads")] = None,
     n_ctx: Annotated[int | None, typer.Option(help="KV cells shared by all sequences")] = None,
     out: Annotated[
         Path | None,
-        typer.Option(help="cost model file (default: config/cost_models/<model>__<machine>.json)"),
+        typer.Option(
+            help="cost model file (default: config/cost_models/<model>__<machine>.json); "
+            "with --probe-only, the probe's JSON"
+        ),
     ] = None,
-    quick: Annotated[bool, typer.Option(help="a small grid: about 20 s")] = False,
+    quick: Annotated[bool, typer.Option(help="a small grid: about 30 s")] = False,
     repeats: Annotated[
-        int | None, typer.Option(min=1, help="measured runs per point, after a warm-up")
+        int | None, typer.Option(min=1, help="passes over the grid: measured runs per point")
     ] = None,
     plot: Annotated[
         Path | None, typer.Option(help="measured vs predicted PNG (default: next to --out)")
@@ -481,12 +377,31 @@ def calibrate(
     refit: Annotated[
         Path | None, typer.Option(help="fit a samples file again; no engine is started")
     ] = None,
+    probe: Annotated[
+        bool,
+        typer.Option(
+            "--probe-only", help="measure the reference probe alone (~5 s) and its speed factor"
+        ),
+    ] = False,
+    cost_model: Annotated[
+        Path | None,
+        typer.Option(help="--probe-only: the cost model to compare with (default: this machine's)"),
+    ] = None,
 ) -> None:
     """Fit a cost model of step time from the real engine (or samples, with --refit).
 
-    Full grid: about 4 minutes on a quiet 2-core machine with SmolLM2-135M.
-    --quick: about 20 s. Calibrate on a quiet machine: other work counts as engine time.
+    Full grid: about 6 minutes on a quiet 2-core machine with SmolLM2-135M.
+    --quick: about 30 s. Calibrate on a quiet machine: other work counts as engine time.
+    --probe-only: how many times slower the machine runs the reference probe now than when
+    the cost model was calibrated (the factor for `quanta sim --speed-factor`).
     """
+    if probe:
+        if refit is not None or samples is not None or plot is not None or repeats or quick:
+            raise _fail("--probe-only measures the probe alone: drop --refit/--samples/--plot/…")
+        probe_only(_settings(model, threads, n_ctx), cost_model, out)
+        return
+    if cost_model is not None:
+        raise _fail("--cost-model goes with --probe-only")
     if refit is not None:
         if any(v is not None for v in (model, threads, n_ctx, repeats)) or quick:
             raise _fail("--refit fits a samples file again: drop --model/--threads/--n-ctx/…")
@@ -500,9 +415,11 @@ def calibrate(
         if "model_stem" not in meta or "machine" not in meta:
             raise _fail("the samples file does not name its model and machine: give --out")
         out = default_out(meta["model_stem"], meta["machine"])
-    cost_model = fit_samples(measured, meta=meta)
-    cost_model.save(out)
+    fitted = fit_samples(measured, meta=meta)
+    fitted.save(out)
     plot_path = plot if plot is not None else out.with_suffix(".png")
-    plot_fit(cost_model, median_points(measured), plot_path)
-    print_model(cost_model)
+    plot_fit(fitted, median_points(measured), plot_path)
+    print_model(fitted)
+    if calibrated_probe_s(fitted) is None:
+        console.print("no reference probe in these samples: `--probe-only` cannot compare")
     console.print(f"cost model written to {out}; plot {plot_path}")

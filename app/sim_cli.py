@@ -4,11 +4,17 @@ quanta sim --preset twenty-at-once --policy fcfs
 quanta sim --workload bench/workloads/two_tenants.toml --policy vtc --out bench/results/x.json
 quanta sim --trace bench/traces/azure_llm_2023_conv.csv --requests 10000 --rate-scale 0.05 \
     --length-scale 0.25 --policy fcfs
+quanta sim --workload w.toml --probe probe.json   # the machine as fast as the probe says
 quanta bench compare bench/results/real.json bench/results/sim.json
 
 The scheduler is built from the server's settings by the server's own code
 (``app.assemble.scheduler_config``), so a simulation runs with exactly the defaults of
 ``quanta run``; the flags override them the way ``quanta run``'s environment would.
+
+``--speed-factor F`` multiplies every simulated step time by F: how many times slower the
+machine runs the reference probe now than when the cost model was calibrated (this VM's
+speed drifts by ±30 % over minutes). ``--probe FILE`` takes F from a probe file
+(``quanta calibrate --probe-only --out FILE``) and the cost model's own probe time.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from app.bench.cli import apply_overrides, make_plan, resolve_workload
 from app.bench.report import build_result, git_commit, package_version, write_result
 from app.bench.table import print_result
 from app.calibrate import machine_slug
+from app.calibration_probe import load_probe_total, speed_factor
 from app.settings import ModelNotFoundError, Settings
 from quanta_core.engine.config import EngineConfig
 from quanta_core.engine.types import EngineInfo
@@ -120,15 +127,16 @@ def scale_trace(spec: WorkloadSpec, rate_scale: float, length_scale: float) -> W
 
 
 def sim_environment(
-    cost_model_path: Path, cost_model: CostModel, outcome: SimOutcome
+    cost_model_path: Path, cost_model: CostModel, outcome: SimOutcome, speed: dict[str, Any]
 ) -> dict[str, Any]:
     return {
         "simulated": True,
         "cost_model": {
             "path": str(cost_model_path),
-            "coefficients": cost_model.coefficients(),
+            "coefficients": cost_model.coefficients(),  # as calibrated: before speed_factor
             "meta": dict(cost_model.meta),
         },
+        "speed_factor": speed,
         "sim": outcome.counts(),
         "time_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "host": platform.node(),
@@ -138,6 +146,18 @@ def sim_environment(
         "quanta": package_version("quanta"),
         "git_commit": git_commit(),
     }
+
+
+def resolve_speed(factor: float | None, probe: Path | None, model: CostModel) -> dict[str, Any]:
+    """The speed factor and where it came from: ``--speed-factor``, ``--probe`` or neither."""
+    if factor is not None and probe is not None:
+        raise ValueError("give --speed-factor or --probe, not both")
+    if probe is not None:
+        now = load_probe_total(probe)
+        return {"factor": speed_factor(now, model), "from": str(probe), "probe_s": now}
+    if factor is not None:
+        return {"factor": factor, "from": "--speed-factor"}
+    return {"factor": 1.0, "from": None}
 
 
 def sim(
@@ -159,6 +179,17 @@ def sim(
     endpoint: Annotated[Endpoint | None, typer.Option(help="override: endpoint")] = None,
     cost_model: Annotated[
         Path | None, typer.Option(help="cost model JSON (default: config/cost_models/)")
+    ] = None,
+    speed_factor_: Annotated[
+        float | None,
+        typer.Option(
+            "--speed-factor",
+            help="every step time x F: the machine's speed now vs the calibration's",
+        ),
+    ] = None,
+    probe: Annotated[
+        Path | None,
+        typer.Option(help="the speed factor from a `quanta calibrate --probe-only` file"),
     ] = None,
     max_running: Annotated[int | None, typer.Option(help="choices running at once")] = None,
     token_budget: Annotated[int | None, typer.Option(help="tokens per step")] = None,
@@ -196,6 +227,12 @@ def sim(
     except (CostModelMissing, ValueError) as exc:
         console.print(f"[red]cost model: {exc}")
         raise typer.Exit(code=2) from None
+    try:
+        speed = resolve_speed(speed_factor_, probe, model)
+        timed = model.scaled(speed["factor"]) if speed["factor"] != 1.0 else model
+    except ValueError as exc:
+        console.print(f"[red]speed factor: {exc}")
+        raise typer.Exit(code=2) from None
     knobs: dict[str, Any] = {
         "policy": policy,
         "max_running": max_running,
@@ -208,7 +245,7 @@ def sim(
     except (ValidationError, ValueError) as exc:
         console.print(f"[red]settings: {exc}")
         raise typer.Exit(code=2) from None
-    outcome = simulate(spec, plan, config, info, model)
+    outcome = simulate(spec, plan, config, info, timed)
     name = label or f"{spec.name}-sim-{config.policy.value}"
     out = out or Path("bench/results") / f"{name}.json"
     summary = summarize(outcome.records, spec.targets, window_s=spec.window_s)
@@ -216,6 +253,7 @@ def sim(
         "simulated": True,
         "policy": config.policy.value,
         "cost_model": str(model_path),
+        "speed_factor": speed["factor"],
         "scheduler": {
             "max_running": config.max_running,
             "token_budget": config.token_budget,
@@ -228,7 +266,7 @@ def sim(
         "preset": preset_name,
         "trace": None if trace is None else str(trace),
     }
-    env = sim_environment(model_path, model, outcome)
+    env = sim_environment(model_path, model, outcome, speed)
     result = build_result(
         label=name, spec=spec, flags=flags, env=env, records=outcome.records, summary=summary
     )

@@ -14,6 +14,12 @@
 # Each real run: a fresh throw-away database, one tenant and key (`quanta tenants create`),
 # `quanta run --policy P` with no developer config (QUANTA_CONFIG points nowhere; the
 # simulation is given the same), `quanta bench run`, the server stopped.
+# Each real run is bracketed by the reference probe (`quanta calibrate --probe-only`, the
+# engine alone, the same threads): right before the server starts and right after it stops.
+# This VM's speed drifts by ±30 % over minutes; the mean of the two speed factors (the probe's
+# time now / at the cost model's calibration) goes to that run's `quanta sim --speed-factor`,
+# and both are kept in $OUT/probe-<policy>-<load>.json. The cost model must have been
+# calibrated with the probe (`quanta calibrate`, not an older one).
 # Run it on a quiet machine: nothing else should use the CPU while it measures.
 #
 # Environment (defaults in brackets):
@@ -70,7 +76,36 @@ output = 64
 EOF
 }
 
+probe() {  # $1 probe file: the reference probe on the engine alone, and its speed factor
+    "$QUANTA" calibrate --probe-only --model "$MODEL" --threads "$THREADS" "${COST_FLAG[@]}" \
+        --out "$1" >/dev/null
+    "$PY" - "$1" <<'EOF'
+import json, sys
+doc = json.load(open(sys.argv[1]))
+if doc["speed_factor"] is None:
+    sys.exit(f"{doc['cost_model'] or 'the cost model'} has no reference probe: "
+             "calibrate it again (`quanta calibrate`) before measuring fidelity")
+print(f"probe: {doc['total_s']:.3f} s, speed factor {doc['speed_factor']:.3f}", file=sys.stderr)
+EOF
+}
+
+probe_pair() {  # $1 before, $2 after, $3 the pair's file (the two kept inside it)
+    "$PY" - "$1" "$2" "$3" <<'EOF'
+import json, sys
+before, after = (json.load(open(p)) for p in sys.argv[1:3])
+factor = (before["speed_factor"] + after["speed_factor"]) / 2
+doc = {"speed_factor": factor, "before": before, "after": after}
+open(sys.argv[3], "w").write(json.dumps(doc, indent=1) + "\n")
+EOF
+    rm -f "$1" "$2"
+}
+
+speed_factor_of() {  # $1 a probe pair's file
+    "$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["speed_factor"])' "$1"
+}
+
 real() {  # $1 policy, $2 load name, $3 workload file
+    probe "$OUT/probe-$1-$2.before.json"
     STATE="$(mktemp -d -t quanta-fid-XXXXXX)"
     export QUANTA_DATABASE_URL="sqlite+aiosqlite:///$STATE/quanta.db"
     export QUANTA_DATA_DIR="$STATE/data"
@@ -86,6 +121,9 @@ real() {  # $1 policy, $2 load name, $3 workload file
         --out "$OUT/real-$1-$2.json" --label "real-$1-$2" --quiet --no-plots \
         || echo "bench: real-$1-$2 had failed requests (see the table above)" >&2
     stop_quanta_server
+    probe "$OUT/probe-$1-$2.after.json"
+    probe_pair "$OUT/probe-$1-$2.before.json" "$OUT/probe-$1-$2.after.json" \
+        "$OUT/probe-$1-$2.json"
 }
 
 for load in $LOADS; do
@@ -96,9 +134,16 @@ for load in $LOADS; do
         if [[ "$SKIP_REAL" != 1 ]]; then
             real "$policy" "$name" "$file"
         fi
-        echo "=== simulated: $policy at $name ===" >&2
+        SPEED_FLAG=()
+        if [[ -f "$OUT/probe-$policy-$name.json" ]]; then
+            SPEED_FLAG=(--speed-factor "$(speed_factor_of "$OUT/probe-$policy-$name.json")")
+        else
+            echo "no $OUT/probe-$policy-$name.json: simulated at the calibration's speed" >&2
+        fi
+        echo "=== simulated: $policy at $name ${SPEED_FLAG[*]} ===" >&2
         "$QUANTA" sim --workload "$file" --policy "$policy" "${COST_FLAG[@]}" \
-            --out "$OUT/sim-$policy-$name.json" --label "sim-$policy-$name" >/dev/null
+            "${SPEED_FLAG[@]}" --out "$OUT/sim-$policy-$name.json" --label "sim-$policy-$name" \
+            >/dev/null
         if [[ -f "$OUT/real-$policy-$name.json" ]]; then
             "$QUANTA" bench compare "$OUT/real-$policy-$name.json" "$OUT/sim-$policy-$name.json"
         fi

@@ -36,7 +36,7 @@ OUT = ROOT / "bench/results/sim_speed.json"
 # Until `quanta calibrate` has written a model: 2 threads, SmolLM2-135M (engine.json): a
 # decode step of one sequence ~18 ms, ~14 ms per extra sequence, prefill ~160 tokens/s.
 STAND_IN = CostModel(
-    intercept=0.006,
+    per_pass=0.006,
     per_decode=0.012,
     per_prefill=0.0063,
     per_attended=2e-5,

@@ -5,6 +5,10 @@ beside it: throughput (output tokens/s), mean and p99 TTFT, mean inter-token lat
 simulated, and the relative error (sim - real) / real. Targets (issue 8): 10 % on means and
 throughput, 20 % on p99. Writes ``fidelity.json`` and ``fidelity.md`` (README-ready markdown).
 
+Each row also shows the speed factor the simulation ran with (``quanta sim --speed-factor``):
+from ``probe-<policy>-<load>.json`` (the reference probe right before and right after the
+real run: their mean, and each), else from the simulation's own results file.
+
     .venv/bin/python -m scripts.fidelity_table bench/results/fidelity
 """
 
@@ -42,9 +46,31 @@ def compare(real: dict[str, Any], sim: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def speed(folder: Path, key: str, sim: dict[str, Any]) -> dict[str, Any] | None:
+    """The speed factor of the row ``key``: mean, before and after the real run."""
+    path = folder / f"probe-{key}.json"
+    if path.exists():
+        doc = json.loads(path.read_text())
+        before, after = doc["before"]["speed_factor"], doc["after"]["speed_factor"]
+        return {"factor": doc["speed_factor"], "before": before, "after": after}
+    used = sim.get("environment", {}).get("speed_factor") or {}
+    factor = used.get("factor")
+    return None if factor is None else {"factor": factor, "before": None, "after": None}
+
+
+def _speed_cell(s: dict[str, Any] | None) -> str:
+    if s is None:
+        return "–"
+    if s["before"] is None:
+        return f"{s['factor']:.2f}"
+    return f"{s['factor']:.2f} ({s['before']:.2f} / {s['after']:.2f})"
+
+
 def table(rows: dict[str, dict[str, Any]]) -> str:
-    head = "| policy | load | " + " | ".join(f"{n} (real / sim / err)" for n, _, _ in FIGURES)
-    lines = [head + " |", "|" + "---|" * (2 + len(FIGURES))]
+    head = "| policy | load | speed factor (before / after) | " + " | ".join(
+        f"{n} (real / sim / err)" for n, _, _ in FIGURES
+    )
+    lines = [head + " |", "|" + "---|" * (3 + len(FIGURES))]
     for key, figures in rows.items():
         policy, load = key.split("-", 1)
         cells = []
@@ -55,9 +81,11 @@ def table(rows: dict[str, dict[str, Any]]) -> str:
                 continue
             mark = "" if f["within"] else " ✗"
             cells.append(f"{f['real']:.1f} / {f['sim']:.1f} / {100 * f['error']:+.0f}%{mark}")
-        lines.append(f"| {policy} | {load} | " + " | ".join(cells) + " |")
+        first = f"| {policy} | {load} | {_speed_cell(figures.get('speed factor'))} | "
+        lines.append(first + " | ".join(cells) + " |")
     targets = ", ".join(f"{n} ±{100 * t:.0f}%" for n, _, t in FIGURES)
-    return "\n".join([*lines, "", f"✗: outside the target ({targets})."])
+    note = "speed factor: every simulated step × it (the probe's time at the run / at calibration)"
+    return "\n".join([*lines, "", f"✗: outside the target ({targets}).", note + "."])
 
 
 def main(folder: Path) -> None:
@@ -67,7 +95,9 @@ def main(folder: Path) -> None:
         sim_path = folder / f"sim-{key}.json"
         if not sim_path.exists():
             continue
-        rows[key] = compare(json.loads(real_path.read_text()), json.loads(sim_path.read_text()))
+        sim = json.loads(sim_path.read_text())
+        rows[key] = compare(json.loads(real_path.read_text()), sim)
+        rows[key]["speed factor"] = speed(folder, key, sim)
     (folder / "fidelity.json").write_text(json.dumps(rows, indent=1) + "\n")
     text = table(rows)
     (folder / "fidelity.md").write_text(text + "\n")

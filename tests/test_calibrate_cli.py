@@ -1,8 +1,10 @@
-"""``quanta calibrate``: its grid, its runner (on the fake executor), --refit, and one real run."""
+"""``quanta calibrate``: its grid, its runner and the reference probe (on the fake executor),
+--refit, --probe-only, and one real run."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections import Counter
 from pathlib import Path
 
@@ -11,12 +13,34 @@ import typer
 from typer.testing import CliRunner
 
 from app import calibrate as cal
-from app.calibrate import FULL, QUICK, GridRunner, Kind, build_grid, calibrate
+from app import calibration_probe as probe
+from app.calibrate import calibrate
+from app.calibration_grid import (
+    FULL,
+    QUICK,
+    GridRunner,
+    GridSpec,
+    Kind,
+    Point,
+    build_grid,
+    visit_order,
+)
+from quanta_core.engine import StepPlan
 from quanta_core.engine.fake import FakeExecutor
 from quanta_core.sim.cost_model import CostModel
 from quanta_core.sim.fit import Group, Sample, group_of, load_samples, save_samples
 
-TRUE = CostModel(0.004, 0.0005, 0.011, 0.006, 0.00002, 0.0001, 0.00008)
+TRUE = CostModel(
+    per_pass=0.004,
+    per_batched_pass=0.009,
+    per_decode=0.0005,
+    per_prefill=0.011,
+    per_attended=0.006,
+    per_batch_kv=0.00002,
+    per_kv_held=0.0001,
+    per_stash=0.00008,
+    per_restore=0.00007,
+)
 
 
 def command() -> typer.Typer:
@@ -25,19 +49,33 @@ def command() -> typer.Typer:
     return app
 
 
-def fake_samples(spec: cal.GridSpec = QUICK) -> list[Sample]:
+def fake_samples(spec: GridSpec = QUICK) -> list[Sample]:
     """The grid run on the fake executor, timed by ``TRUE`` instead of a clock."""
     ex = FakeExecutor(n_ctx=8192, n_seq_max=64, n_batch=512)
-    runner = GridRunner(ex, spec.repeats)
-    runner.run(build_grid(spec, 8192, 64, 512, 128))
+    runner = GridRunner(ex)
+    runner.run(visit_order(build_grid(spec, 8192, 64, 512, 128), spec.repeats))
     return [dataclasses.replace(s, seconds=TRUE.predict(s.features)) for s in runner.samples]
+
+
+class Record:
+    """A ``Watcher`` that keeps what it was told."""
+
+    def __init__(self) -> None:
+        self.started: list[str] = []
+        self.visited_points: list[Point] = []
+
+    def starting(self, what: str) -> None:
+        self.started.append(what)
+
+    def visited(self, point: Point) -> None:
+        self.visited_points.append(point)
 
 
 # ---- the grid ----
 
 
 @pytest.mark.parametrize("spec", [FULL, QUICK])
-def test_grid_exercises_every_group(spec: cal.GridSpec) -> None:
+def test_grid_exercises_every_group(spec: GridSpec) -> None:
     kinds = Counter(p.kind for p in build_grid(spec, 8192, 64, 512, 128))
     assert set(kinds) == set(Kind)
 
@@ -61,13 +99,26 @@ def test_grid_fits_a_small_engine_and_runs_context_by_context() -> None:
 # ---- the runner, on the fake executor ----
 
 
+def test_visits_are_repeat_major_each_pass_shuffled_and_seeded() -> None:
+    grid = build_grid(FULL, 8192, 64, 512, 128)
+    visits = visit_order(grid, 3)
+    passes = [visits[i * len(grid) : (i + 1) * len(grid)] for i in range(3)]
+    for one in passes:
+        assert sorted(one, key=grid.index) == grid  # every point once per pass
+    assert len({tuple(one) for one in passes}) == 3  # each pass in its own order
+    assert passes[0] != grid
+    assert visit_order(grid, 3) == visits
+    assert visit_order(grid, 3, seed=1) != visits
+
+
 def test_runner_runs_the_full_grid_with_identical_repeats_and_leaves_the_engine_empty() -> None:
     ex = FakeExecutor(n_ctx=8192, n_seq_max=64, n_batch=512)
     grid = build_grid(FULL, 8192, 64, 512, 128)
-    runner = GridRunner(ex, repeats=2)
-    seen = []
-    runner.run(grid, seen.append)
-    assert seen == grid
+    visits = visit_order(grid, 2)
+    runner = GridRunner(ex)
+    watcher = Record()
+    runner.run(visits, watcher)
+    assert watcher.visited_points == visits
     assert ex.memory_stats().sequences == ()
     assert ex.memory_stats().n_stashes == 0
     by_point: dict[str, list[Sample]] = {}
@@ -78,19 +129,150 @@ def test_runner_runs_the_full_grid_with_identical_repeats_and_leaves_the_engine_
             assert len(runs) == 1
             assert group_of(runs[0].features) is Group.PREFILL
             continue
-        assert [r.warmup for r in runs] == [True, False, False], point
+        # Each visit: a warm-up, then the measured run.
+        assert [r.warmup for r in runs] == [True, False, True, False], point
         assert len({r.features for r in runs}) == 1, point  # each run is undone
+        assert len({r.kv_held for r in runs}) == 1, point  # and restored the same
     assert {group_of(s.features) for s in runner.samples} == set(Group) - {Group.EMPTY}
+    # The fills come first, one per context, then the passes: a point's measured runs are
+    # far apart in time, the rest of a pass between them.
+    fills = [i for i, s in enumerate(runner.samples) if s.point.startswith("fill")]
+    assert fills == list(range(len(fills)))
+    times = [s.t for s in runner.samples]
+    assert times == sorted(times)
+    per_visit = {p.label: 4 if p.kind is Kind.STASH else 2 for p in grid}
+    second_pass = len(fills) + sum(per_visit.values())  # the first sample of the second pass
+    for point, runs in by_point.items():
+        if not point.startswith("fill"):
+            first, second = (runner.samples.index(r) for r in runs if not r.warmup)
+            assert first < second_pass <= second, point
 
 
 def test_only_the_points_own_sequences_hold_kv_while_it_runs() -> None:
     ex = FakeExecutor(n_ctx=8192, n_seq_max=64, n_batch=512)
-    runner = GridRunner(ex, repeats=1)
-    runner.run([cal.Point(Kind.DECODE, 4, 64), cal.Point(Kind.DECODE, 2, 64)])
-    decodes = [s for s in runner.samples if s.point.startswith("decode")]
-    assert [(s.features.decode_tokens, s.kv_held) for s in decodes] == [(4, 256)] * 2 + [
-        (2, 128)
-    ] * 2
+    runner = GridRunner(ex)
+    points = [Point(Kind.DECODE, 4, 64), Point(Kind.PREFILL, 1, 256, 16), Point(Kind.DECODE, 2, 64)]
+    runner.run(points)
+    timed = [s for s in runner.samples if not s.point.startswith("fill")]
+    assert [(s.point, s.kv_held) for s in timed] == [
+        *[("decode 4 at 64", 256)] * 2,
+        *[("prefill 16 at 256", 256)] * 2,
+        *[("decode 2 at 64", 128)] * 2,
+    ]
+    assert ex.memory_stats().n_stashes == 0
+
+
+# ---- the reference probe ----
+
+
+def test_the_probe_runs_the_same_fixed_work_every_time_and_leaves_the_engine_empty() -> None:
+    ex = FakeExecutor(n_ctx=4096, n_seq_max=16, n_batch=512)
+
+    def step(plan: StepPlan) -> float:
+        ex.step(plan)
+        return 0.001 * plan.num_tokens + 0.002 * bool(plan.slices)
+
+    first = probe.measure_probe(step, ex.info.n_vocab)
+    plans = list(ex.steps)
+    second = probe.measure_probe(step, ex.info.n_vocab, at_s=5.0)
+    assert ex.steps[len(plans) :] == plans
+    assert ex.memory_stats().sequences == ()
+    runs = sum(1 + p.runs for p in probe.PARTS)
+    assert sum(1 for p in plans if p.slices) == runs
+    assert first.parts == second.parts
+    assert first.parts == pytest.approx(
+        {"prefill 128": 0.130, "decode 1 at 128": 0.003, "decode 16 at 128": 0.018}
+    )
+    assert first.total_s == pytest.approx(0.130 + 32 * 0.003 + 4 * 0.018)
+    assert second.to_json()["at_s"] == 5.0
+
+
+def test_the_runner_probes_at_the_start_after_the_fills_every_n_visits_and_at_the_end() -> None:
+    ex = FakeExecutor(n_ctx=8192, n_seq_max=64, n_batch=512)
+    grid = build_grid(QUICK, 8192, 64, 512, 128)
+    visits = visit_order(grid, 2)
+    runner = GridRunner(ex, probe_every=10)
+    watcher = Record()
+    runner.run(visits, watcher)
+    expected = 1 + len(range(0, len(visits), 10)) + 1
+    assert len(runner.probes) == expected
+    assert watcher.started.count("reference probe") == expected
+    assert watcher.started[0] == "reference probe"
+    assert watcher.started[-1] == "reference probe"
+    assert [r.at_s for r in runner.probes] == sorted(r.at_s for r in runner.probes)
+    assert ex.memory_stats().sequences == ()
+    assert ex.memory_stats().n_stashes == 0
+    # A probe between visits leaves the next point's sequences as they should be.
+    for s in runner.samples:
+        if s.point.startswith("decode"):
+            batch_cells = s.features.kv_held_k * 1000 - s.features.decode_tokens
+            assert s.kv_held == pytest.approx(batch_cells), s.point
+    summary = probe.summarise(runner.probes)
+    assert summary["work"] == probe.WORK
+    assert len(summary["measurements"]) == expected
+    assert summary["spread"] >= 1.0
+    assert set(summary["parts"]) == {p.name for p in probe.PARTS}
+
+
+def test_speed_factor_is_now_over_the_calibrations_probe(tmp_path: Path) -> None:
+    parts = {p.name: 0.01 for p in probe.PARTS}
+    then = probe.ProbeResult(parts)
+    model = CostModel(per_pass=0.01, meta={"probe": probe.summarise([then])})
+    assert probe.calibrated_probe_s(model) == pytest.approx(then.total_s)
+    now = probe.ProbeResult({name: 0.0125 for name in parts})
+    assert probe.speed_factor(now.total_s, model) == pytest.approx(1.25)
+    report = probe.probe_report(now, model, tmp_path / "m.json", {"threads": 2})
+    assert report["speed_factor"] == pytest.approx(1.25)
+    assert report["threads"] == 2
+    path = tmp_path / "probe.json"
+    path.write_text(json.dumps(report))
+    assert probe.load_probe_total(path) == pytest.approx(now.total_s)
+    with pytest.raises(ValueError, match="no reference probe"):
+        probe.speed_factor(1.0, CostModel())
+    other = CostModel(meta={"probe": {**probe.summarise([then]), "work": "something else"}})
+    assert probe.calibrated_probe_s(other) is None
+    path.write_text(json.dumps({**report, "work": "something else"}))
+    with pytest.raises(ValueError, match="another probe"):
+        probe.load_probe_total(path)
+
+
+def test_probe_only_prints_and_writes_the_speed_factor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calibrated = probe.ProbeResult({p.name: 0.01 for p in probe.PARTS})
+    model_file = tmp_path / "m.json"
+    CostModel(per_pass=0.01, meta={"probe": probe.summarise([calibrated])}).save(model_file)
+    now = probe.ProbeResult({p.name: 0.012 for p in probe.PARTS})
+    monkeypatch.setattr(cal, "measure_probe_alone", lambda settings: now)
+    out = tmp_path / "probe.json"
+    args = ["--probe-only", "--cost-model", str(model_file), "--out", str(out)]
+    result = CliRunner().invoke(command(), args)
+    assert result.exit_code == 0, result.output
+    assert "this machine now runs the probe in" in result.output
+    assert "speed factor" in result.output and "1.200" in result.output
+    doc = json.loads(out.read_text())
+    assert doc["speed_factor"] == pytest.approx(1.2)
+    assert doc["cost_model"] == str(model_file)
+    # A cost model from before probes: the time, and no factor.
+    CostModel(per_pass=0.01).save(model_file)
+    result = CliRunner().invoke(command(), args)
+    assert result.exit_code == 0, result.output
+    assert "no speed factor" in " ".join(result.output.split())
+    assert json.loads(out.read_text())["speed_factor"] is None
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--probe-only", "--quick"], "--probe-only measures the probe alone"),
+        (["--probe-only", "--refit", "s.json"], "--probe-only measures the probe alone"),
+        (["--cost-model", "m.json"], "--cost-model goes with --probe-only"),
+    ],
+)
+def test_probe_only_refuses_other_flags(args: list[str], message: str) -> None:
+    result = CliRunner().invoke(command(), args)
+    assert result.exit_code == 2
+    assert message in result.output
 
 
 # ---- where the file goes ----
@@ -187,3 +369,14 @@ def test_quick_calibration_of_the_real_engine(model_path: Path, tmp_path: Path) 
     assert {group_of(s.features) for s in samples} == set(Group) - {Group.EMPTY}
     assert all(s.engine_s > 0 for s in samples)
     assert meta["kv_unified"] == model.meta["kv_unified"]
+    assert len(model.meta["probe"]["measurements"]) == 2  # at the start and at the end
+    assert probe.calibrated_probe_s(model) is not None
+    assert all(s.t > 0 for s in samples)
+    # The probe alone, against the model just calibrated: a speed factor near 1.
+    probe_file = tmp_path / "probe.json"
+    args = ["--probe-only", "--threads", "1", "--model", str(model_path)]
+    result = CliRunner().invoke(
+        command(), [*args, "--cost-model", str(out), "--out", str(probe_file)]
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads(probe_file.read_text())["speed_factor"] > 0

@@ -9,6 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from app.bench.report import SCHEMA, load_result
+from app.calibration_probe import PROBE_SCHEMA, WORK
 from app.cli import cli
 from quanta_core.sim.cost_model import CostModel
 
@@ -21,7 +22,10 @@ runner = CliRunner()
 @pytest.fixture
 def cost_model(tmp_path: Path) -> Path:
     path = tmp_path / "tiny__machine.json"
-    model = CostModel(intercept=0.012, per_decode=0.003, per_prefill=0.006, meta={"model": "tiny"})
+    reference = {"probe": {"work": WORK, "total_s": 2.0}}
+    model = CostModel(
+        per_pass=0.012, per_decode=0.003, per_prefill=0.006, meta={"model": "tiny", **reference}
+    )
     model.save(path)
     return path
 
@@ -85,3 +89,60 @@ def test_a_missing_cost_model_says_to_calibrate(
     result = runner.invoke(cli, ["sim", "--preset", "twenty-at-once"])
     assert result.exit_code == 2
     assert "quanta calibrate" in result.output
+
+
+def _sim(cost_model: Path, out: Path, *extra: str) -> dict:
+    args = ["sim", "--preset", "twenty-at-once", "--policy", "fcfs", "--cost-model"]
+    result = runner.invoke(cli, [*args, str(cost_model), "--out", str(out), *extra])
+    assert result.exit_code == 0, result.output
+    return load_result(out)
+
+
+def test_speed_factor_multiplies_every_step_and_is_recorded(
+    tmp_path: Path, cost_model: Path
+) -> None:
+    base = _sim(cost_model, tmp_path / "base.json")
+    slow = _sim(cost_model, tmp_path / "slow.json", "--speed-factor", "1.5")
+    # Twenty requests at t = 0: every time the run measures is 1.5x as long.
+    for figure in ("ttft", "e2e"):
+        got, want = slow["summary"]["overall"][figure], base["summary"]["overall"][figure]
+        assert got["mean_ms"] == pytest.approx(1.5 * want["mean_ms"]), figure
+    assert slow["config"]["flags"]["speed_factor"] == 1.5
+    assert slow["environment"]["speed_factor"] == {"factor": 1.5, "from": "--speed-factor"}
+    assert base["environment"]["speed_factor"]["factor"] == 1.0
+    # The coefficients as calibrated, the factor beside them.
+    assert slow["environment"]["cost_model"]["coefficients"]["per_pass"] == 0.012
+
+
+def test_probe_file_gives_the_speed_factor(tmp_path: Path, cost_model: Path) -> None:
+    probe = tmp_path / "probe.json"
+    probe.write_text(json.dumps({"schema": PROBE_SCHEMA, "work": WORK, "total_s": 2.5}))
+    doc = _sim(cost_model, tmp_path / "sim.json", "--probe", str(probe))
+    speed = doc["environment"]["speed_factor"]
+    assert speed == {"factor": pytest.approx(1.25), "from": str(probe), "probe_s": 2.5}
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--speed-factor", "0"], "above 0"),
+        (["--speed-factor", "2", "--probe", "p.json"], "not both"),
+        (["--probe", "absent.json"], "cannot read probe file"),
+    ],
+)
+def test_bad_speed_factors_say_why(cost_model: Path, extra: list[str], message: str) -> None:
+    args = ["sim", "--preset", "twenty-at-once", "--cost-model", str(cost_model), *extra]
+    result = runner.invoke(cli, args)
+    assert result.exit_code == 2
+    assert message in " ".join(result.output.split())
+
+
+def test_probe_against_a_cost_model_without_one_says_to_calibrate(tmp_path: Path) -> None:
+    model = tmp_path / "old.json"
+    CostModel(per_pass=0.01).save(model)
+    probe = tmp_path / "probe.json"
+    probe.write_text(json.dumps({"schema": PROBE_SCHEMA, "work": WORK, "total_s": 2.5}))
+    args = ["sim", "--preset", "twenty-at-once", "--cost-model", str(model)]
+    result = runner.invoke(cli, [*args, "--probe", str(probe)])
+    assert result.exit_code == 2
+    assert "no reference probe" in " ".join(result.output.split())

@@ -14,7 +14,7 @@ from quanta_core.sim.events import Arrival, EventQueue, StepDone, StepStart, Wak
 from quanta_core.sim.run import sim_engine_info, simulate
 from quanta_core.workload import PlannedRequest, TenantSpec, WorkloadSpec, fixed
 
-TEN_MS = CostModel(intercept=0.010)  # every step, whatever it holds, takes 10 ms
+TEN_MS = CostModel(per_pass=0.010)  # every step that runs tokens takes 10 ms
 ENGINE = sim_engine_info(n_ctx=4096, n_seq_max=16, n_batch=512)
 
 
@@ -93,7 +93,7 @@ def test_same_inputs_same_records() -> None:
     spec = WorkloadSpec(name="w", tenants=tenants, requests=60, rate=20.0, seed=5)
     from quanta_core.workload import build_plan
 
-    model = CostModel(intercept=0.01, per_decode=0.002, per_prefill=0.001, per_attended=1e-4)
+    model = CostModel(per_pass=0.01, per_decode=0.002, per_prefill=0.001, per_attended=1e-4)
     config = SchedulerConfig(max_running=4, token_budget=64, num_kv_blocks=24)
     first = simulate(spec, build_plan(spec), config, ENGINE, model)
     second = simulate(spec, build_plan(spec), config, ENGINE, model)

@@ -21,7 +21,7 @@ from quanta_core.workload import (
     fixed,
 )
 
-TEN_MS = CostModel(intercept=0.010)
+TEN_MS = CostModel(per_pass=0.010)
 ENGINE = sim_engine_info(n_ctx=4096, n_seq_max=16, n_batch=512)
 
 
@@ -58,7 +58,7 @@ def test_a_concurrency_cap_delays_the_send_not_the_schedule() -> None:
 
 def test_rejected_requests_are_records_with_the_servers_status() -> None:
     # 40 at once on an engine slow enough that the slo policy cannot meet a 2 s first token.
-    slow = CostModel(intercept=0.05, per_decode=0.02, per_prefill=0.005)
+    slow = CostModel(per_pass=0.05, per_decode=0.02, per_prefill=0.005)
     spec = WorkloadSpec(name="w", tenants=(_tenant(64, 64),), requests=40, rate=math.inf)
     outcome = simulate(spec, build_plan(spec), SchedulerConfig(policy=PolicyName.SLO), ENGINE, slow)
     rejected = [r for r in outcome.records if not r.ok]

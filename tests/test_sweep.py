@@ -152,8 +152,8 @@ def test_request_count_replaces_a_duration() -> None:
 def cost_model(tmp_path: Path) -> Path:
     path = tmp_path / "tiny.json"
     doc = {
-        "schema": "quanta.cost_model/1",
-        "coefficients": {"intercept": 0.01, "per_decode": 0.002, "per_prefill": 0.001},
+        "schema": "quanta.cost_model/2",
+        "coefficients": {"per_pass": 0.01, "per_decode": 0.002, "per_prefill": 0.001},
         "meta": {"note": "hand-written for tests"},
     }
     path.write_text(json.dumps(doc))

@@ -1,26 +1,46 @@
 """What one engine step costs, as a small linear model fitted from the real engine.
 
-    step_s = intercept
-           + per_decode   * decode tokens        (slices of one token)
-           + per_prefill  * prefill tokens       (slices of more than one token)
-           + per_attended * attended pairs / 1000
-           + per_batch_kv * batch tokens * the batch's KV cells / 1e6
-           + per_kv_held  * the batch's KV cells / 1000
-           + per_stash    * stashed tokens   + per_restore * restored tokens
+    step_s = per_pass         * 1 if the step runs any token           (a forward pass)
+           + per_batched_pass * 1 if it runs more than one token        (the matrix path)
+           + per_decode       * decode tokens       (slices of one token)
+           + per_prefill      * prefill tokens      (slices of more than one token)
+           + per_attended     * attended pairs / 1000
+           + per_batch_kv     * batch tokens * the batch's KV cells / 1e6
+           + per_kv_held      * the batch's KV cells / 1000
+           + per_stash * stashed tokens  + per_restore * restored tokens
 
-"Attended pairs" is each sequence's own causal attention: a token at position p attends to
-p + 1 positions, so a slice of n tokens starting at p attends n * p + n * (n + 1) / 2 pairs.
-"The batch's KV cells" are the cells its sequences hold once the batch is in. Its sequences
-cost more than their own causal attention: a batch of 16 decodes at 512 tokens of context each
-costs 2.2x the same batch at 128 (bench/results/engine.json), one sequence 1.3x; hence a term
-in batch tokens x cells, and one in cells alone (the step's views and mask over them). Cells
-of sequences *not* in the batch (the prefix cache's holders) are not counted: llama.cpp's CPU
+What each term stands for on llama.cpp's CPU backend:
+
+  per_pass          a forward pass's fixed cost: the graph built and its ~30 layers' thread
+                    barriers, the worker's round trip. A stash- or restore-only step runs no
+                    pass and does not pay it (with it on every step, the 4 ms stash of 64
+                    tokens pulled the fitted intercept to 0).
+  per_batched_pass  what a pass of two or more tokens costs on top: llama.cpp multiplies the
+                    weights by a vector for one token and takes its matrix path for more.
+                    Measured at context 64: 1 sequence 10 ms, 2 sequences 30 ms, 4 31 ms.
+  per_decode        a decode token's own work: its share of the weight products, its logits
+                    over the vocabulary and its sampler.
+  per_prefill       a prefill token's share of the weight products (no logits).
+  per_attended      each sequence's own causal attention: a token at position p attends to
+                    p + 1 positions, so a slice of n tokens starting at p attends
+                    n * p + n * (n + 1) / 2 pairs.
+  per_batch_kv      the batch's tokens against all of the batch's cells: a batch costs more
+                    than its sequences' own attention, as if every token's row spanned the
+                    whole batch's cells in the shared (``kv_unified``) buffer: 16 decodes at
+                    512 tokens of context cost 2.2x the same at 128, one sequence 1.3x
+                    (bench/results/engine.json).
+  per_kv_held       the batch's cells once per step: the views and the mask over them.
+  per_stash/restore a token's KV copied to host RAM and back (~22.5 KiB each).
+
+"The batch's KV cells" are the cells its sequences hold once the batch is in. Cells of
+sequences *not* in the batch (the prefix cache's holders) are not counted: llama.cpp's CPU
 attention skips masked cells: measured, one stream decodes at 18.6 ms per token with up to
 ~7,000 cached cells beside it (bench/results/fidelity/, sequential), as fast as alone. Every
-coefficient is in seconds, so the model reads as "a decode token costs 8 ms, ...".
+coefficient is in seconds, so the model reads as "a decode token costs 3 ms, ...".
 
 The file (``config/cost_models/<model>__<machine>.json``) is the coefficients plus how they
-were measured: the model file, the machine, the threads, the fit's error.
+were measured: the model file, the machine, the threads, the fit's error, and the reference
+probe's time (``meta.probe``) that ``quanta calibrate --probe-only`` compares against.
 """
 
 from __future__ import annotations
@@ -33,12 +53,17 @@ from typing import Any
 
 from quanta_core.engine.types import Restore, Stash, StepPlan
 
-SCHEMA = "quanta.cost_model/1"
+# /2: per_pass (was "intercept", paid by every step) and per_batched_pass.
+SCHEMA = "quanta.cost_model/2"
+_OLD_SCHEMAS = ("quanta.cost_model/1",)
 
 
 @dataclass(frozen=True, slots=True)
 class StepFeatures:
-    """What a step's cost depends on, counted from its plan."""
+    """What a step's cost depends on, counted from its plan.
+
+    The pass indicators are derived from the token counts, not stored: a samples file written
+    before they existed is fitted with them all the same."""
 
     seqs: int = 0  # slices in the batch (not a regressor: decode tokens and prefill say it)
     decode_tokens: int = 0
@@ -50,9 +75,11 @@ class StepFeatures:
     restore_tokens: int = 0
 
     def as_row(self) -> tuple[float, ...]:
-        """The regressors in ``COEFFICIENTS`` order, the intercept's 1 first."""
+        """The regressors in ``COEFFICIENTS`` order."""
+        tokens = self.decode_tokens + self.prefill_tokens
         return (
-            1.0,
+            1.0 if tokens else 0.0,
+            1.0 if tokens > 1 else 0.0,
             float(self.decode_tokens),
             float(self.prefill_tokens),
             self.attended_k,
@@ -65,7 +92,8 @@ class StepFeatures:
 
 # Also the fit's priority: a column that depends on earlier ones is not fitted (set to 0).
 COEFFICIENTS = (
-    "intercept",
+    "per_pass",
+    "per_batched_pass",
     "per_decode",
     "per_prefill",
     "per_attended",
@@ -89,9 +117,11 @@ def features_of(
     ``stash_lengths`` (tokens each stash holds) are the state *before* the plan.
 
     The batch's cells are each sliced sequence's length once its slice is in."""
-    stash = sum(lengths.get(op.seq, 0) for op in plan.kv_ops if isinstance(op, Stash))
-    restore = sum(stash_lengths.get(op.key, 0) for op in plan.kv_ops if isinstance(op, Restore))
-    decode = prefill = pairs = 0
+    stash = restore = 0
+    if plan.kv_ops:  # most steps have none (the simulator counts every step)
+        stash = sum(lengths.get(op.seq, 0) for op in plan.kv_ops if isinstance(op, Stash))
+        restore = sum(stash_lengths.get(op.key, 0) for op in plan.kv_ops if isinstance(op, Restore))
+    decode = prefill = pairs = held = 0
     for s in plan.slices:
         n = len(s.tokens)
         if n == 1:
@@ -99,8 +129,8 @@ def features_of(
         else:
             prefill += n
         pairs += attended_pairs(s.start_pos, n)
+        held += s.start_pos + n
     batch = decode + prefill
-    held = sum(sl.start_pos + len(sl.tokens) for sl in plan.slices)
     return StepFeatures(
         seqs=len(plan.slices),
         decode_tokens=decode,
@@ -115,7 +145,8 @@ def features_of(
 
 @dataclass(frozen=True, slots=True)
 class CostModel:
-    intercept: float = 0.0
+    per_pass: float = 0.0
+    per_batched_pass: float = 0.0
     per_decode: float = 0.0
     per_prefill: float = 0.0
     per_attended: float = 0.0
@@ -128,19 +159,31 @@ class CostModel:
 
     def predict(self, f: StepFeatures) -> float:
         """Seconds for a step with features ``f``; an empty step costs nothing."""
-        if f.seqs == 0 and f.stash_tokens == 0 and f.restore_tokens == 0:
-            return 0.0
-        return max(
-            0.0,
-            self.intercept
-            + self.per_decode * f.decode_tokens
-            + self.per_prefill * f.prefill_tokens
-            + self.per_attended * f.attended_k
-            + self.per_batch_kv * f.batch_kv_m
-            + self.per_kv_held * f.kv_held_k
-            + self.per_stash * f.stash_tokens
-            + self.per_restore * f.restore_tokens,
-        )
+        seconds = self.per_stash * f.stash_tokens + self.per_restore * f.restore_tokens
+        tokens = f.decode_tokens + f.prefill_tokens
+        if tokens:
+            seconds += (
+                self.per_pass
+                + (self.per_batched_pass if tokens > 1 else 0.0)
+                + self.per_decode * f.decode_tokens
+                + self.per_prefill * f.prefill_tokens
+                + self.per_attended * f.attended_k
+                + self.per_batch_kv * f.batch_kv_m
+                + self.per_kv_held * f.kv_held_k
+            )
+        return max(0.0, seconds)
+
+    def scaled(self, factor: float) -> CostModel:
+        """This model with every step ``factor`` times as long (``meta["speed_factor"]``).
+
+        Every term is linear, so scaling the coefficients scales each prediction exactly:
+        how ``quanta sim --speed-factor`` replays a calibration on a machine that now runs
+        the reference probe ``factor`` times slower."""
+        if not factor > 0:
+            raise ValueError(f"a speed factor must be above 0, not {factor}")
+        scaled = {name: factor * value for name, value in self.coefficients().items()}
+        previous = float(self.meta.get("speed_factor", 1.0))
+        return CostModel(**scaled, meta={**self.meta, "speed_factor": previous * factor})
 
     def coefficients(self) -> dict[str, float]:
         return {name: float(getattr(self, name)) for name in COEFFICIENTS}
@@ -150,8 +193,19 @@ class CostModel:
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> CostModel:
-        if doc.get("schema") != SCHEMA:
-            raise ValueError(f"not a cost model file (schema {doc.get('schema')!r}, want {SCHEMA})")
+        if not isinstance(doc, Mapping):
+            raise ValueError("not a cost model file (not a JSON object)")
+        schema = doc.get("schema")
+        if schema in _OLD_SCHEMAS:
+            # Not loaded with the new terms at 0: its intercept was paid by stash-only steps
+            # too, and its other terms were fitted without a batched pass to absorb its cost.
+            raise ValueError(
+                f"cost model schema {schema} predates the per-pass and batched-pass terms "
+                f"({SCHEMA}): fit it again with `quanta calibrate --refit SAMPLES.json` "
+                "or `quanta calibrate`"
+            )
+        if schema != SCHEMA:
+            raise ValueError(f"not a cost model file (schema {schema!r}, want {SCHEMA})")
         coefficients = doc.get("coefficients")
         if not isinstance(coefficients, Mapping):
             raise ValueError("cost model file has no 'coefficients' object")
@@ -171,4 +225,7 @@ class CostModel:
             doc = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError) as exc:
             raise ValueError(f"cannot read cost model {path}: {exc}") from exc
-        return cls.from_json(doc)
+        try:
+            return cls.from_json(doc)
+        except ValueError as exc:
+            raise ValueError(f"{path}: {exc}") from None

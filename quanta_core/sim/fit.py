@@ -72,6 +72,7 @@ class Sample:
     engine_s: float = 0.0  # the worker's own measure of the same step
     warmup: bool = False  # measured, but not fitted
     kv_held: int = 0  # tokens all sequences held before the step (unified KV: attended)
+    t: float = 0.0  # when, in seconds since the measurement began: drift shows against it
 
     def to_json(self) -> dict[str, Any]:
         doc = asdict(self)
@@ -87,6 +88,7 @@ class Sample:
             engine_s=float(doc.get("engine_s", 0.0)),
             warmup=bool(doc.get("warmup", False)),
             kv_held=int(doc.get("kv_held", 0)),
+            t=float(doc.get("t", 0.0)),
         )
 
 
