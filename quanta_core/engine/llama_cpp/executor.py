@@ -35,7 +35,6 @@ from quanta_core.engine.errors import (
 )
 from quanta_core.engine.kv_mirror import KvMirror
 from quanta_core.engine.llama_cpp.wire import (
-    NOTICE_SPIN_S,
     Channel,
     ErrorReply,
     MemoryCall,
@@ -96,7 +95,7 @@ class _Worker:
         finally:
             listener.close()
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
-        worker = cls(process, Channel(sock, Reply, spin_s=NOTICE_SPIN_S), tmpdir)
+        worker = cls(process, Channel(sock, Reply), tmpdir)  # type: ignore[arg-type]
         sock.settimeout(config.start_timeout_s)
         try:
             worker.channel.send(StartCall(config))

@@ -14,7 +14,6 @@ import ctypes
 import socket
 import sys
 import time
-from collections.abc import Callable
 
 import llama_cpp
 import numpy as np
@@ -111,8 +110,7 @@ class Engine:
 
     # ---- one step ----
 
-    def step(self, call: StepCall, notice: Callable[[], None] = lambda: None) -> StepReply:
-        """``notice`` is called once the batch is decoded, before the last sample."""
+    def step(self, call: StepCall) -> StepReply:
         t0 = time.perf_counter()
         plan = call.plan
         self._check(plan, call.blobs)
@@ -131,15 +129,14 @@ class Engine:
         outputs: list[SeqOutput] = []
         decode_error = None
         t2 = t1
-        notice_s = 0.0
         if plan.slices:
             rc = self._decode(plan.slices)
             t2 = time.perf_counter()
             if rc != 0:
                 decode_error = f"llama_decode failed with code {rc} (KV cache full?)"
             else:
-                outputs, notice_s = self._sample(plan.slices, samplers, notice)
-        t3 = time.perf_counter() - notice_s  # the notice is the boundary's, not the engine's
+                outputs = self._sample(plan.slices, samplers)
+        t3 = time.perf_counter()
         timings = StepTimings(
             kv_ops_s=t1 - t0, decode_s=t2 - t1, sample_s=t3 - t2, engine_s=t3 - t0
         )
@@ -206,24 +203,14 @@ class Engine:
         return int(llama_cpp.llama_decode(self.ctx, self.batch))
 
     def _sample(
-        self,
-        slices: tuple[SeqSlice, ...],
-        samplers: list[Sampler | None],
-        notice: Callable[[], None],
-    ) -> tuple[list[SeqOutput], float]:
-        """The outputs, and the seconds spent sending the notice (before the last sample)."""
+        self, slices: tuple[SeqSlice, ...], samplers: list[Sampler | None]
+    ) -> list[SeqOutput]:
         outputs = []
         i = 0
-        last = max((k for k, sampler in enumerate(samplers) if sampler is not None), default=-1)
-        notice_s = 0.0
-        for k, (s, sampler) in enumerate(zip(slices, samplers, strict=True)):
+        for s, sampler in zip(slices, samplers, strict=True):
             i += len(s.tokens)
             if sampler is None:
                 continue
-            if k == last:
-                t = time.perf_counter()
-                notice()
-                notice_s = time.perf_counter() - t
             idx = i - 1
             logprobs = (
                 self._logprobs(idx, s.sampling.logprobs)
@@ -236,7 +223,7 @@ class Engine:
             else:
                 log_softmax, top = logprobs
                 outputs.append(SeqOutput(s.seq, token, float(log_softmax[token]), top))
-        return outputs, notice_s
+        return outputs
 
     def _logprobs(self, idx: int, k: int) -> tuple[np.ndarray, tuple[TopLogprob, ...]]:
         """The model's own log-probabilities at batch row ``idx`` (before any sampler)."""
@@ -290,7 +277,7 @@ def serve(channel: Channel) -> None:
             return
         try:
             if isinstance(call, StepCall):
-                channel.send(engine.step(call, channel.send_notice))
+                channel.send(engine.step(call))
             elif isinstance(call, MemoryCall):
                 channel.send(engine.memory_reply())
             else:
@@ -303,7 +290,9 @@ def main(argv: list[str]) -> int:
     quiet_llama_logs()
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(argv[1])
-    serve(Channel(sock, Call))
+    from quanta_core.engine.llama_cpp.wire import Call as CallType
+
+    serve(Channel(sock, CallType))  # type: ignore[arg-type]
     return 0
 
 
