@@ -95,7 +95,7 @@ class _Worker:
         finally:
             listener.close()
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
-        worker = cls(process, Channel(sock, Reply), tmpdir)  # type: ignore[arg-type]
+        worker = cls(process, Channel(sock, Reply), tmpdir)
         sock.settimeout(config.start_timeout_s)
         try:
             worker.channel.send(StartCall(config))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import socket
 import struct
+from typing import Any
 
 import msgspec
 
@@ -77,7 +78,7 @@ Reply = StartReply | StepReply | MemoryReply | ErrorReply
 class Channel:
     """One end of the socket, with reusable encoder and decoder."""
 
-    def __init__(self, sock: socket.socket, decodes: type) -> None:
+    def __init__(self, sock: socket.socket, decodes: Any) -> None:
         self.sock = sock
         self._encoder = msgspec.msgpack.Encoder()
         self._decoder: msgspec.msgpack.Decoder[object] = msgspec.msgpack.Decoder(decodes)

@@ -290,9 +290,7 @@ def main(argv: list[str]) -> int:
     quiet_llama_logs()
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(argv[1])
-    from quanta_core.engine.llama_cpp.wire import Call as CallType
-
-    serve(Channel(sock, CallType))  # type: ignore[arg-type]
+    serve(Channel(sock, Call))
     return 0
 
 
