@@ -15,6 +15,11 @@ The scheduler is built from the server's settings by the server's own code
 machine runs the reference probe now than when the cost model was calibrated (this VM's
 speed drifts by ±30 % over minutes). ``--probe FILE`` takes F from a probe file
 (``quanta calibrate --probe-only --out FILE``) and the cost model's own probe time.
+
+``--server-cycle-ms A --server-token-ms B`` add the server's own time around every step
+(A per cycle, B per token handed to a stream; ``quanta_core.sim.server_cost``), which the
+real inter-token gap includes and the engine's cost model does not;
+``scripts/bench_http_overhead.py`` measures both (its ``server_cost``). Default: 0, 0.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from quanta_core.metrics import summarize
 from quanta_core.scheduler import SchedulerConfig
 from quanta_core.sim.cost_model import CostModel
 from quanta_core.sim.run import SimOutcome, sim_engine_info, simulate
+from quanta_core.sim.server_cost import ServerCost
 from quanta_core.workload import (
     Endpoint,
     TenantSpec,
@@ -191,6 +197,12 @@ def sim(
         Path | None,
         typer.Option(help="the speed factor from a `quanta calibrate --probe-only` file"),
     ] = None,
+    server_cycle_ms: Annotated[
+        float, typer.Option(min=0, help="the server's own time per step (ms)")
+    ] = 0.0,
+    server_token_ms: Annotated[
+        float, typer.Option(min=0, help="the server's own time per streamed token (ms)")
+    ] = 0.0,
     max_running: Annotated[int | None, typer.Option(help="choices running at once")] = None,
     token_budget: Annotated[int | None, typer.Option(help="tokens per step")] = None,
     block_size: Annotated[int | None, typer.Option(help="tokens per KV block")] = None,
@@ -245,7 +257,8 @@ def sim(
     except (ValidationError, ValueError) as exc:
         console.print(f"[red]settings: {exc}")
         raise typer.Exit(code=2) from None
-    outcome = simulate(spec, plan, config, info, timed)
+    server = ServerCost(server_cycle_ms / 1e3, server_token_ms / 1e3)
+    outcome = simulate(spec, plan, config, info, timed, server)
     name = label or f"{spec.name}-sim-{config.policy.value}"
     out = out or Path("bench/results") / f"{name}.json"
     summary = summarize(outcome.records, spec.targets, window_s=spec.window_s)
@@ -254,6 +267,7 @@ def sim(
         "policy": config.policy.value,
         "cost_model": str(model_path),
         "speed_factor": speed["factor"],
+        "server_cost_ms": {"per_cycle": server_cycle_ms, "per_token": server_token_ms},
         "scheduler": {
             "max_running": config.max_running,
             "token_budget": config.token_budget,

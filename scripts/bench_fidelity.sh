@@ -32,6 +32,8 @@
 #   LOADS       name:requests_per_s pairs             [light:0.5 medium:0.8 heavy:1.2]
 #   REQUESTS    requests per run                      [60]
 #   SKIP_REAL   1: only simulate (reuse real-*.json)  [0]
+#   SERVER_COST the server's own time per step    [bench/results/http_overhead_local_client.json]
+#               (bench_http_overhead --client-nice 0: the client competes as here; none: 0)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -51,6 +53,15 @@ URL="http://127.0.0.1:$PORT"
 export COLUMNS="${COLUMNS:-200}"
 export QUANTA_CONFIG=/nonexistent/quanta.toml  # the same (default) settings, real and simulated
 mkdir -p "$OUT"
+SERVER_COST="${SERVER_COST:-bench/results/http_overhead_local_client.json}"
+SERVER_FLAG=()
+if [[ -f "$SERVER_COST" ]]; then
+    read -r CYCLE_MS TOKEN_MS < <("$PY" -c 'import json, sys
+c = json.load(open(sys.argv[1])).get("server_cost") or {}
+print(c.get("per_cycle_ms", 0.0), c.get("per_token_ms", 0.0))' "$SERVER_COST")
+    SERVER_FLAG=(--server-cycle-ms "$CYCLE_MS" --server-token-ms "$TOKEN_MS")
+    echo "server cost from $SERVER_COST: $CYCLE_MS ms per cycle + $TOKEN_MS ms per stream" >&2
+fi
 COST_FLAG=()
 if [[ -n "${COST_MODEL:-}" ]]; then
     COST_FLAG=(--cost-model "$COST_MODEL")
@@ -142,7 +153,8 @@ for load in $LOADS; do
         fi
         echo "=== simulated: $policy at $name ${SPEED_FLAG[*]} ===" >&2
         "$QUANTA" sim --workload "$file" --policy "$policy" "${COST_FLAG[@]}" \
-            "${SPEED_FLAG[@]}" --out "$OUT/sim-$policy-$name.json" --label "sim-$policy-$name" \
+            "${SPEED_FLAG[@]}" "${SERVER_FLAG[@]}" \
+            --out "$OUT/sim-$policy-$name.json" --label "sim-$policy-$name" \
             >/dev/null
         if [[ -f "$OUT/real-$policy-$name.json" ]]; then
             "$QUANTA" bench compare "$OUT/real-$policy-$name.json" "$OUT/sim-$policy-$name.json"

@@ -6,11 +6,14 @@ decoding; and the engine alone (a worker of its own, no server, no scheduler) de
 sequences from the same prompt for as many steps, tokens/s over the whole run (a mean, as the
 HTTP figure is). The two alternate, ROUNDS times each, and the medians are compared, so a
 slow spell of the machine hits both. Target: HTTP at least 90% of the engine alone. Writes
-``bench/results/http_overhead.json``.
+``bench/results/http_overhead.json``, with the server's own time per step fitted from the
+differences (``server_cost``: per cycle + per stream, for ``quanta sim``).
 
 The client runs on the same 2 cores as the server. Its own CPU time (reading SSE) is not the
 server's overhead, so it runs at the lowest priority (nice 19): it reads what the server sent
 when the engine's threads leave a core free, as a remote client would cost nothing here.
+``--client-nice 0`` measures instead what a client on this machine costs as well, as
+``quanta bench`` runs (its ``server_cost`` is the one for simulating such runs).
 
     .venv/bin/python -m scripts.bench_http_overhead [--batches 1,8,16] [--rounds 3]
 """
@@ -128,11 +131,43 @@ def measure(
     }
 
 
+def server_cost(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The server's own time per step, from each batch's step time through HTTP minus the
+    engine's alone: ``gap = per_cycle + per_token * batch`` by least squares, both >= 0
+    (what ``quanta sim --server-cycle-ms/--server-token-ms`` take)."""
+    batches = [float(r["batch"]) for r in rows]
+    gaps = [
+        max(0.0, r["batch"] / r["http_tokens_per_s"] - r["batch"] / r["engine_tokens_per_s"])
+        for r in rows
+    ]
+    per_cycle, per_token = statistics.fmean(gaps), 0.0
+    if len(set(batches)) > 1:
+        per_token, per_cycle = statistics.linear_regression(batches, gaps)
+        if per_token < 0:
+            per_cycle, per_token = statistics.fmean(gaps), 0.0
+        elif per_cycle < 0:
+            per_cycle = 0.0
+            per_token = sum(g * b for g, b in zip(gaps, batches, strict=True)) / sum(
+                b * b for b in batches
+            )
+    return {
+        "per_cycle_ms": 1e3 * per_cycle,
+        "per_token_ms": 1e3 * per_token,
+        "gap_ms": {int(b): 1e3 * g for b, g in zip(batches, gaps, strict=True)},
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--batches", default="1,8,16")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--rounds", type=int, default=ROUNDS)
+    parser.add_argument(
+        "--client-nice",
+        type=int,
+        default=19,
+        help="the client's niceness (0: it competes with the server as `quanta bench` does)",
+    )
     parser.add_argument("--out", type=Path, default=Path("bench/results/http_overhead.json"))
     args = parser.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
@@ -146,7 +181,7 @@ def main() -> None:
         models = httpx.get(f"{server.url}/v1/models", headers=server.auth).json()
         name = models["data"][0]["id"]
         with LlamaCppExecutor.start(config) as executor:
-            os.nice(19)  # the client only (see above); the server and worker started before
+            os.nice(args.client_nice)  # the client only (see above); the server started before
             rows = [measure(server, name, executor, prompt, b, args.rounds) for b in batches]
     finally:
         server.stop()
@@ -161,13 +196,20 @@ def main() -> None:
             f"{r['ratio_pct']:.0f}%",
         )
     console.print(table)
+    cost = server_cost(rows)
+    console.print(
+        f"the server's own time per step: {cost['per_cycle_ms']:.2f} ms per cycle + "
+        f"{cost['per_token_ms']:.3f} ms per stream (for quanta sim --server-cycle-ms/-token-ms)"
+    )
     write_results(
         args.out,
         {
             "environment": environment(model=Path(model).name, threads=args.threads),
             "answer_tokens": ANSWER_TOKENS,
             "rounds": args.rounds,
+            "client_nice": args.client_nice,
             "rows": rows,
+            "server_cost": cost,
         },
     )
 

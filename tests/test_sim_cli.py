@@ -114,6 +114,17 @@ def test_speed_factor_multiplies_every_step_and_is_recorded(
     assert slow["environment"]["cost_model"]["coefficients"]["per_pass"] == 0.012
 
 
+def test_server_cost_lengthens_every_gap_and_is_recorded(tmp_path: Path, cost_model: Path) -> None:
+    base = _sim(cost_model, tmp_path / "base.json")
+    flags = ("--server-cycle-ms", "3", "--server-token-ms", "0.5")
+    served = _sim(cost_model, tmp_path / "served.json", *flags)
+    got, want = (r["summary"]["overall"]["itl"]["mean_ms"] for r in (served, base))
+    assert got > want + 3  # every gap: 3 ms per cycle and 0.5 ms per stream in the step
+    assert served["config"]["flags"]["server_cost_ms"] == {"per_cycle": 3.0, "per_token": 0.5}
+    refused = runner.invoke(cli, ["sim", "--preset", "twenty-at-once", "--server-cycle-ms", "-1"])
+    assert refused.exit_code == 2
+
+
 def test_probe_file_gives_the_speed_factor(tmp_path: Path, cost_model: Path) -> None:
     probe = tmp_path / "probe.json"
     probe.write_text(json.dumps({"schema": PROBE_SCHEMA, "work": WORK, "total_s": 2.5}))

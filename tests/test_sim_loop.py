@@ -12,6 +12,7 @@ from quanta_core.scheduler import SchedulerConfig
 from quanta_core.sim.cost_model import CostModel
 from quanta_core.sim.events import Arrival, EventQueue, StepDone, StepStart, Wake
 from quanta_core.sim.run import sim_engine_info, simulate
+from quanta_core.sim.server_cost import ServerCost
 from quanta_core.workload import PlannedRequest, TenantSpec, WorkloadSpec, fixed
 
 TEN_MS = CostModel(per_pass=0.010)  # every step that runs tokens takes 10 ms
@@ -74,6 +75,19 @@ def test_a_request_arriving_during_a_step_starts_at_the_next_one() -> None:
     assert r1.sent == 0.015
     assert r1.server_queue_s == pytest.approx(0.005)
     assert r1.token_times == pytest.approx([0.03, 0.04, 0.05, 0.06, 0.07])
+
+
+def test_the_servers_own_time_follows_every_step_the_engine_idle_meanwhile() -> None:
+    # 10 ms per step + 2 ms per cycle + 1 ms per streamed token: two streams, 14 ms a step.
+    plan = [_planned(0, 0.0), _planned(1, 0.0)]
+    spec = _spec(requests=2, rate=math.inf)
+    server = ServerCost(per_cycle_s=0.002, per_token_s=0.001)
+    outcome = simulate(spec, plan, SchedulerConfig(), ENGINE, TEN_MS, server)
+    for r in outcome.records:
+        assert r.token_times == pytest.approx([0.014, 0.028, 0.042, 0.056, 0.070])
+    assert outcome.busy_s == pytest.approx(0.05)  # the engine's own time only
+    with pytest.raises(ValueError, match="negative"):
+        ServerCost(per_cycle_s=-0.001)
 
 
 def test_an_idle_engine_waits_for_the_next_arrival() -> None:

@@ -76,7 +76,7 @@ class Sample:
 
     def to_json(self) -> dict[str, Any]:
         doc = asdict(self)
-        doc["features"] = asdict(self.features)
+        doc["features"] = self.features._asdict()
         return doc
 
     @classmethod

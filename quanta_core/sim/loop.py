@@ -3,6 +3,7 @@
     Arrival(t)     clock := t; scheduler.submit; an idle engine gets a StepStart at t
     StepStart(t)   clock := t; plan = schedule(); result = executor.step(plan)
                    → StepDone at t + result.timings.total_s (the cost model's seconds)
+                     + the server's own time for the cycle (``ServerCost``, 0 by default)
     StepDone(t)    clock := t; update(plan, result) → events handed out; StepStart at t
     Wake(t)        clock := t; the client's own action (next request of a user, a free slot)
 
@@ -25,6 +26,7 @@ from quanta_core.requests import ChoiceFinished, ChoiceResult, GenerationRequest
 from quanta_core.scheduler.handle import Event as SchedulerEvent
 from quanta_core.scheduler.scheduler import Scheduler
 from quanta_core.sim.events import Arrival, EventQueue, StepDone, StepStart, Wake
+from quanta_core.sim.server_cost import ServerCost
 
 OnFinished = Callable[[ChoiceResult], None]
 _Step = tuple[float, StepPlan, StepResult]  # a step in flight: when it ends, what it ran
@@ -37,8 +39,10 @@ class SimLoop:
         executor: Executor,
         clock: VirtualClock,
         on_finished: OnFinished,
+        server: ServerCost | None = None,
     ) -> None:
         self.scheduler = scheduler
+        self.server = server or ServerCost()
         self.executor = executor
         self.clock = clock
         self.on_finished = on_finished
@@ -109,7 +113,7 @@ class SimLoop:
         if plan.slices:
             self.steps += 1
         self.busy_s += result.timings.total_s
-        return now + result.timings.total_s, plan, result
+        return now + result.timings.total_s + self.server.seconds(plan), plan, result
 
     def _step_done(self, plan: StepPlan, result: StepResult, now: float) -> _Step | None:
         """Take in a step's result; the next step, if it starts at once."""

@@ -36,6 +36,7 @@ from quanta_core.sim.cost_model import CostModel
 from quanta_core.sim.executor import SimExecutor
 from quanta_core.sim.loop import SimLoop
 from quanta_core.sim.prompts import prompt_ids
+from quanta_core.sim.server_cost import ServerCost
 from quanta_core.workload import PlannedRequest, WorkloadSpec
 
 # The real engine's facts that a cost model file may not carry (SmolLM2-135M-Instruct,
@@ -94,12 +95,15 @@ def simulate(
     config: SchedulerConfig,
     engine: EngineInfo,
     cost_model: CostModel,
+    server: ServerCost | None = None,
 ) -> SimOutcome:
+    """Run ``plan`` through the scheduler on the virtual clock; ``server``: the server's own
+    time per cycle (none: the engine alone)."""
     clock = VirtualClock()
     scheduler = Scheduler(config, engine, clock, token_events=False)  # results carry them
     executor = SimExecutor(engine, cost_model)
     client = _Client(spec, plan, engine.n_vocab)
-    loop = SimLoop(scheduler, executor, clock, client.on_finished)
+    loop = SimLoop(scheduler, executor, clock, client.on_finished, server)
     client.loop = loop
     started = time.perf_counter()
     client.start()

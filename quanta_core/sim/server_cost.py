@@ -1,0 +1,35 @@
+"""The server's own time around each engine step, which the engine waits through.
+
+On a machine with as many cores as llama.cpp threads the driver hands each step's tokens to
+the HTTP streams *between* steps (``Driver._hand_over``), and the cycle's thread hops, the
+scheduler's bookkeeping and the worker's socket run there too: the engine is idle meanwhile.
+The real inter-token gap is the engine's step plus this; the simulator adds it to every step:
+
+    server_s = per_cycle_s + per_token_s * tokens handed out (sampled slices)
+
+Measured on the real server by ``scripts/bench_http_overhead.py`` (HTTP streaming against the
+engine alone at 1, 8 and 16 streams; its ``server_cost``), given to ``quanta sim`` with
+``--server-cycle-ms`` and ``--server-token-ms``. Zero for both: the engine alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from quanta_core.engine.types import StepPlan
+
+
+@dataclass(frozen=True, slots=True)
+class ServerCost:
+    per_cycle_s: float = 0.0
+    per_token_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.per_cycle_s < 0 or self.per_token_s < 0:
+            raise ValueError(f"a server cost cannot be negative: {self}")
+
+    def seconds(self, plan: StepPlan) -> float:
+        """The server's time for the cycle that ran ``plan``."""
+        if not self.per_token_s:
+            return self.per_cycle_s
+        return self.per_cycle_s + self.per_token_s * sum(1 for s in plan.slices if s.sample)
