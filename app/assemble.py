@@ -15,7 +15,9 @@ from quanta_core.clock import WallClock
 from quanta_core.engine.llama_cpp.executor import LlamaCppExecutor
 from quanta_core.engine.llama_cpp.grammar import json_object_grammar, json_schema_grammar
 from quanta_core.engine.llama_cpp.tokenizer import Tokenizer
+from quanta_core.engine.protocol import Executor
 from quanta_core.scheduler import Driver, QueueBound, Scheduler, SchedulerConfig, SloConfig
+from quanta_core.sim.step_trace import StepTracer
 
 
 class LlamaGrammars:
@@ -52,8 +54,10 @@ def build_core(settings: Settings) -> Core:
     config = settings.engine_config()
     sched_config = scheduler_config(settings)  # a bad policy fails before the model loads
     tokenizer = Tokenizer.load(config.model_path)
-    executor = LlamaCppExecutor.start(config)
     clock = WallClock()
+    executor: Executor = LlamaCppExecutor.start(config)
+    if settings.step_trace is not None:
+        executor = StepTracer(executor, clock, settings.step_trace.open("w", buffering=1 << 16))
     scheduler = Scheduler(sched_config, executor.info, clock)
     driver = Driver(scheduler, executor, clock)
 

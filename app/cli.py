@@ -21,6 +21,7 @@ from app.server import create_app
 from app.settings import Settings
 from app.sim_cli import sim
 from app.state import Status
+from app.step_report import step_report
 from app.sweep import sweep
 from app.tenancy.cli import migrate, prepare_run, tenants_cli
 
@@ -31,6 +32,7 @@ cli.add_typer(tenants_cli, name="tenants")
 cli.command()(calibrate)
 cli.command()(sim)
 cli.command()(sweep)
+cli.command(name="step-report")(step_report)
 
 
 class _Server(uvicorn.Server):

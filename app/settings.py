@@ -130,6 +130,11 @@ class Settings(BaseSettings):
         ge=0,
         description="llama.cpp's idle OpenMP threads spin this long, then sleep (None: libgomp's)",
     )
+    step_trace: Path | None = Field(
+        default=None,
+        description="write every engine step's features and times here, one JSON line each "
+        "(for `quanta step-report`)",
+    )
     log_level: str = "info"
 
     @field_validator("model_path")

@@ -20,6 +20,12 @@
 # time now / at the cost model's calibration) goes to that run's `quanta sim --speed-factor`,
 # and both are kept in $OUT/probe-<policy>-<load>.json. The cost model must have been
 # calibrated with the probe (`quanta calibrate`, not an older one).
+# Each real server writes a step trace ($OUT/steps-<policy>-<load>.jsonl, not committed), and
+# `quanta step-report` compares its engine steps with the cost model at the run's speed factor
+# ($OUT/steps-<policy>-<load>.json): the engine's error apart from the server's time. A second
+# simulation ($OUT/sim-inrun-<policy>-<load>.json) is given the machine as that trace saw it:
+# the speed factor that makes the model's time over the run's steps the engine's, and the
+# server's time per cycle; what it misses then is the simulator's, not the machine's drift.
 # Run it on a quiet machine: nothing else should use the CPU while it measures.
 #
 # Environment (defaults in brackets):
@@ -115,6 +121,12 @@ speed_factor_of() {  # $1 a probe pair's file
     "$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["speed_factor"])' "$1"
 }
 
+in_run_of() {  # $1 a step report: its in-run speed factor and server ms per cycle
+    "$PY" -c 'import json, sys
+m = json.load(open(sys.argv[1]))["in_run"]
+print(m["speed_factor"], 1e3 * m["server_cycle_s"])' "$1"
+}
+
 real() {  # $1 policy, $2 load name, $3 workload file
     probe "$OUT/probe-$1-$2.before.json"
     STATE="$(mktemp -d -t quanta-fid-XXXXXX)"
@@ -124,7 +136,8 @@ real() {  # $1 policy, $2 load name, $3 workload file
     local key
     key="$("$QUANTA" tenants create fid | sed -n 's/^api key (shown once): //p')"
     echo "=== real: $1 at $2 ===" >&2
-    "$QUANTA" run --port "$PORT" --model "$MODEL" --policy "$1" --threads "$THREADS" \
+    QUANTA_STEP_TRACE="$OUT/steps-$1-$2.jsonl" \
+        "$QUANTA" run --port "$PORT" --model "$MODEL" --policy "$1" --threads "$THREADS" \
         --log-level warning &
     SERVER_PID=$!
     wait_ready
@@ -135,6 +148,8 @@ real() {  # $1 policy, $2 load name, $3 workload file
     probe "$OUT/probe-$1-$2.after.json"
     probe_pair "$OUT/probe-$1-$2.before.json" "$OUT/probe-$1-$2.after.json" \
         "$OUT/probe-$1-$2.json"
+    "$QUANTA" step-report "$OUT/steps-$1-$2.jsonl" "${COST_FLAG[@]}" \
+        --speed-factor "$(speed_factor_of "$OUT/probe-$1-$2.json")" --out "$OUT/steps-$1-$2.json"
 }
 
 for load in $LOADS; do
@@ -158,6 +173,14 @@ for load in $LOADS; do
             >/dev/null
         if [[ -f "$OUT/real-$policy-$name.json" ]]; then
             "$QUANTA" bench compare "$OUT/real-$policy-$name.json" "$OUT/sim-$policy-$name.json"
+        fi
+        if [[ -f "$OUT/steps-$policy-$name.json" ]]; then
+            read -r RUN_SPEED RUN_CYCLE_MS < <(in_run_of "$OUT/steps-$policy-$name.json")
+            echo "=== simulated: $policy at $name as the run saw the machine ===" >&2
+            "$QUANTA" sim --workload "$file" --policy "$policy" "${COST_FLAG[@]}" \
+                --speed-factor "$RUN_SPEED" --server-cycle-ms "$RUN_CYCLE_MS" \
+                --out "$OUT/sim-inrun-$policy-$name.json" --label "sim-inrun-$policy-$name" \
+                >/dev/null
         fi
     done
 done

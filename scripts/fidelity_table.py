@@ -9,6 +9,10 @@ Each row also shows the speed factor the simulation ran with (``quanta sim --spe
 from ``probe-<policy>-<load>.json`` (the reference probe right before and right after the
 real run: their mean, and each), else from the simulation's own results file.
 
+A second table, where there are ``sim-inrun-<policy>-<load>.json`` files: simulations given the
+machine as the real run's own step trace saw it (``steps-<policy>-<load>.json``, written by
+``quanta step-report``): what the simulator misses when the engine's speed is known.
+
     .venv/bin/python -m scripts.fidelity_table bench/results/fidelity
 """
 
@@ -66,8 +70,26 @@ def _speed_cell(s: dict[str, Any] | None) -> str:
     return f"{s['factor']:.2f} ({s['before']:.2f} / {s['after']:.2f})"
 
 
-def table(rows: dict[str, dict[str, Any]]) -> str:
-    head = "| policy | load | speed factor (before / after) | " + " | ".join(
+def in_run_speed(folder: Path, key: str) -> dict[str, Any] | None:
+    """The row's in-run speed factor: from the real run's step report (``steps-<key>.json``)."""
+    path = folder / f"steps-{key}.json"
+    if not path.exists():
+        return None
+    factor = json.loads(path.read_text())["in_run"]["speed_factor"]
+    return {"factor": factor, "before": None, "after": None}
+
+
+PROBE_NOTE = (
+    "speed factor: every simulated step × it (the probe's time at the run / at calibration)"
+)
+IN_RUN_NOTE = (
+    "speed factor: the real run's own engine time over the cost model's for its steps "
+    "(its step trace), and the server's time per cycle from the same trace"
+)
+
+
+def table(rows: dict[str, dict[str, Any]], note: str) -> str:
+    head = "| policy | load | speed factor | " + " | ".join(
         f"{n} (real / sim / err)" for n, _, _ in FIGURES
     )
     lines = [head + " |", "|" + "---|" * (3 + len(FIGURES))]
@@ -84,22 +106,41 @@ def table(rows: dict[str, dict[str, Any]]) -> str:
         first = f"| {policy} | {load} | {_speed_cell(figures.get('speed factor'))} | "
         lines.append(first + " | ".join(cells) + " |")
     targets = ", ".join(f"{n} ±{100 * t:.0f}%" for n, _, t in FIGURES)
-    note = "speed factor: every simulated step × it (the probe's time at the run / at calibration)"
     return "\n".join([*lines, "", f"✗: outside the target ({targets}).", note + "."])
 
 
-def main(folder: Path) -> None:
+def rows_for(folder: Path, prefix: str) -> dict[str, dict[str, Any]]:
+    """Each real run against its simulation ``<prefix>-<key>.json``, where there is one."""
     rows: dict[str, dict[str, Any]] = {}
     for real_path in sorted(folder.glob("real-*.json")):
         key = real_path.stem.removeprefix("real-")
-        sim_path = folder / f"sim-{key}.json"
+        sim_path = folder / f"{prefix}-{key}.json"
         if not sim_path.exists():
             continue
         sim = json.loads(sim_path.read_text())
         rows[key] = compare(json.loads(real_path.read_text()), sim)
-        rows[key]["speed factor"] = speed(folder, key, sim)
-    (folder / "fidelity.json").write_text(json.dumps(rows, indent=1) + "\n")
-    text = table(rows)
+        by_probe = prefix == "sim"
+        rows[key]["speed factor"] = (
+            speed(folder, key, sim) if by_probe else in_run_speed(folder, key)
+        )
+    return rows
+
+
+def main(folder: Path) -> None:
+    probe_rows = rows_for(folder, "sim")
+    in_run_rows = rows_for(folder, "sim-inrun")
+    doc = {"probe": probe_rows, "in_run": in_run_rows}
+    (folder / "fidelity.json").write_text(json.dumps(doc, indent=1) + "\n")
+    parts = [
+        "The speed from the reference probe before and after the run:\n",
+        table(probe_rows, PROBE_NOTE),
+    ]
+    if in_run_rows:
+        parts += [
+            "\nThe speed the run's own steps had (step trace):\n",
+            table(in_run_rows, IN_RUN_NOTE),
+        ]
+    text = "\n".join(parts)
     (folder / "fidelity.md").write_text(text + "\n")
     print(text)
 

@@ -1,0 +1,182 @@
+"""A step trace: every engine step's cost-model features and what it really took.
+
+    executor = StepTracer(LlamaCppExecutor.start(config), clock, open("steps.jsonl", "w"))
+
+One JSON line per step: ``{"start": s, "gap": s, "engine": s, "total": s, "kv_ops": n,
+"f": [StepFeatures...]}``.
+
+    ┌─ gap ─┐┌────────── total ──────────┐┌─ gap ─┐
+    ────────┤│ plan ─▶ worker ─▶ result   │├───────
+     server  │   └──── engine ───┘        │ server
+     (scheduler, HTTP, client; all that is not the step)
+
+``engine`` is the worker's own time, ``total`` the step call as the driver sees it (the
+process boundary included), ``gap`` the time since the previous step returned (the server's
+own work between steps, or idleness: an idle server has long gaps). Comparing ``engine`` with
+the cost model's prediction for ``f`` tells whether a simulation misses the engine or the
+rest; ``quanta step-report`` does that. Stash and restore sizes are not in ``f`` (they need
+the engine's state, which the tracer does not keep): steps with KV operations are flagged by
+``kv_ops`` and left out of the comparison.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from statistics import fmean, median
+from typing import NamedTuple, TextIO
+
+import msgspec
+
+from quanta_core.clock import Clock
+from quanta_core.engine.protocol import Executor
+from quanta_core.engine.types import EngineInfo, MemoryStats, StepPlan, StepResult
+from quanta_core.sim.cost_model import StepFeatures, features_of
+
+_NO_LENGTHS: dict[int, int] = {}
+_NO_STASHES: dict[str, int] = {}
+
+
+class StepRecord(msgspec.Struct, frozen=True):
+    start: float
+    gap: float | None  # None for the first step
+    engine: float
+    total: float
+    kv_ops: int
+    f: tuple[float, ...]
+
+    @property
+    def features(self) -> StepFeatures:
+        return StepFeatures(*self.f)  # type: ignore[arg-type]
+
+
+class StepTracer:
+    """An ``Executor`` that passes every call on to ``inner`` and writes one record per step."""
+
+    def __init__(self, inner: Executor, clock: Clock, sink: TextIO) -> None:
+        self.inner = inner
+        self._clock = clock
+        self._sink = sink
+        self._encoder = msgspec.json.Encoder()
+        self._last_end: float | None = None
+
+    @property
+    def info(self) -> EngineInfo:
+        return self.inner.info
+
+    def step(self, plan: StepPlan) -> StepResult:
+        features = features_of(plan, _NO_LENGTHS, _NO_STASHES)
+        start = self._clock.now()
+        result = self.inner.step(plan)  # an error is not a step: nothing is written
+        end = self._clock.now()
+        gap = None if self._last_end is None else start - self._last_end
+        self._last_end = end
+        record = StepRecord(
+            start=start,
+            gap=gap,
+            engine=result.timings.engine_s,
+            total=end - start,
+            kv_ops=len(plan.kv_ops),
+            f=tuple(features),
+        )
+        self._sink.write(self._encoder.encode(record).decode())
+        self._sink.write("\n")
+        return result
+
+    def memory_stats(self) -> MemoryStats:
+        return self.inner.memory_stats()
+
+    def restart(self) -> None:
+        self._last_end = None
+        self.inner.restart()
+
+    def close(self) -> None:
+        try:
+            self.inner.close()
+        finally:
+            self._sink.close()
+
+
+def read_trace(sink: TextIO) -> list[StepRecord]:
+    decoder = msgspec.json.Decoder(StepRecord)
+    return [decoder.decode(line) for line in sink if line.strip()]
+
+
+# ---- the trace against a cost model ----
+
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 256)  # a row per (kind, batch of at most this)
+
+
+class TraceRow(msgspec.Struct, frozen=True):
+    """Steps of one kind and batch-size bucket, in milliseconds per step (means)."""
+
+    kind: str  # "decode" (all slices single tokens), "mixed", "prefill" (no decode token)
+    max_batch: int  # slices per step: at most this, more than the previous bucket
+    steps: int
+    engine_ms: float  # measured in the worker
+    predicted_ms: float  # the cost model's, times the speed factor
+    boundary_ms: float  # the step call minus the worker's time: the process boundary
+    gap_ms: float  # the server's time before the step: the median gap (an idle one is long)
+
+    @property
+    def error_pct(self) -> float:
+        return 100.0 * (self.predicted_ms / self.engine_ms - 1.0) if self.engine_ms else 0.0
+
+
+def step_kind(f: StepFeatures) -> str:
+    if not f.prefill_tokens:
+        return "decode"
+    return "mixed" if f.decode_tokens else "prefill"
+
+
+def batch_bucket(seqs: int) -> int:
+    return next((b for b in BATCH_BUCKETS if seqs <= b), seqs)
+
+
+def compare_trace(
+    records: list[StepRecord], predict: Callable[[StepFeatures], float], speed_factor: float = 1.0
+) -> tuple[list[TraceRow], TraceRow]:
+    """Rows per (kind, batch bucket) and one over every step, of the steps that ran tokens
+    and no KV operation (the stash and restore sizes are not in the trace)."""
+    groups: dict[tuple[str, int], list[StepRecord]] = defaultdict(list)
+    for r in records:
+        f = r.features
+        if r.kv_ops or not f.seqs:
+            continue
+        groups[(step_kind(f), batch_bucket(f.seqs))].append(r)
+
+    def row(kind: str, max_batch: int, rs: list[StepRecord]) -> TraceRow:
+        gaps = [r.gap for r in rs if r.gap is not None]
+        return TraceRow(
+            kind=kind,
+            max_batch=max_batch,
+            steps=len(rs),
+            engine_ms=1e3 * fmean(r.engine for r in rs),
+            predicted_ms=1e3 * speed_factor * fmean(predict(r.features) for r in rs),
+            boundary_ms=1e3 * fmean(r.total - r.engine for r in rs),
+            gap_ms=1e3 * median(gaps) if gaps else 0.0,
+        )
+
+    if not groups:
+        raise ValueError("the trace has no step that ran tokens without KV operations")
+    rows = [row(kind, b, groups[(kind, b)]) for kind, b in sorted(groups)]
+    every = [r for rs in groups.values() for r in rs]
+    return rows, row("all", max(b for _, b in groups), every)
+
+
+class InRun(NamedTuple):
+    """The machine as a run's own steps saw it, for ``quanta sim``: every step's cost-model
+    time x ``speed_factor`` (the engine's time over the model's, summed over the steps) plus
+    ``server_cycle_s`` (a typical gap between steps and the step call's boundary)."""
+
+    speed_factor: float
+    server_cycle_s: float
+
+
+def in_run(overall: TraceRow, speed_factor: float) -> InRun:
+    """From ``compare_trace``'s row over every step, predicted at ``speed_factor``."""
+    predicted_at_one = overall.predicted_ms / speed_factor
+    return InRun(
+        speed_factor=overall.engine_ms / predicted_at_one,
+        server_cycle_s=(overall.gap_ms + overall.boundary_ms) / 1e3,
+    )

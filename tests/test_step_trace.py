@@ -1,0 +1,132 @@
+"""The step trace: what a real server's steps were and took, against the cost model."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from app.cli import cli
+from quanta_core.engine.fake import FakeExecutor
+from quanta_core.engine.types import SeqSlice, Stash, StepPlan
+from quanta_core.sim.cost_model import CostModel, features_of
+from quanta_core.sim.executor import SimExecutor
+from quanta_core.sim.step_trace import StepRecord, StepTracer, compare_trace, in_run, read_trace
+
+MODEL = CostModel(per_pass=0.01, per_decode=0.002, per_prefill=0.003)
+
+
+class ScriptedClock:
+    def __init__(self, *times: float) -> None:
+        self._times = list(times)
+
+    def now(self) -> float:
+        return self._times.pop(0)
+
+
+class KeptOpen(io.StringIO):
+    def close(self) -> None:  # the test reads it after the tracer closed it
+        self.closed_by_tracer = True
+
+
+PREFILL = StepPlan(slices=(SeqSlice(0, (5, 6, 7, 8), 0, sample=True, owner="a"),))
+DECODE = StepPlan(
+    slices=(SeqSlice(0, (9,), 4, sample=True, owner="a"), SeqSlice(1, (3,), 0, owner="b"))
+)
+
+
+def test_every_step_is_recorded_with_its_features_times_and_the_gap_before_it() -> None:
+    sink = KeptOpen()
+    # (start, end) of three steps: 0.0-0.1, 0.25-0.3, 0.3-0.35
+    tracer = StepTracer(
+        SimExecutor(FakeExecutor().info, MODEL), ScriptedClock(0.0, 0.1, 0.25, 0.3, 0.3, 0.35), sink
+    )
+    tracer.step(PREFILL)
+    tracer.step(DECODE)
+    tracer.step(StepPlan(kv_ops=(Stash(1, "k"),)))
+    tracer.close()
+    assert sink.closed_by_tracer
+    records = read_trace(io.StringIO(sink.getvalue()))
+    assert [r.start for r in records] == [0.0, 0.25, 0.3]
+    assert [r.gap for r in records] == [None, pytest.approx(0.15), pytest.approx(0.0)]
+    assert [r.total for r in records] == [
+        pytest.approx(0.1),
+        pytest.approx(0.05),
+        pytest.approx(0.05),
+    ]
+    assert records[0].features == features_of(PREFILL, {}, {})
+    assert records[1].features.decode_tokens == 2
+    assert records[0].engine == pytest.approx(MODEL.predict(records[0].features))
+    assert [r.kv_ops for r in records] == [0, 0, 1]
+
+
+def _record(f: tuple[float, ...], engine: float, gap: float | None, kv_ops: int = 0) -> StepRecord:
+    return StepRecord(start=0.0, gap=gap, engine=engine, total=engine + 0.001, kv_ops=kv_ops, f=f)
+
+
+def test_steps_are_grouped_by_kind_and_batch_and_compared_with_the_prediction() -> None:
+    decode1 = (1, 1, 0, 0.1, 0.0, 0.1)
+    decode3 = (3, 3, 0, 0.3, 0.0, 0.3)
+    mixed = (2, 1, 16, 0.5, 0.0, 0.5)
+    records = [
+        _record(decode1, 0.012, None),
+        _record(decode1, 0.012, 0.004),
+        _record(decode1, 0.012, 0.005),
+        _record(decode1, 0.012, 30.0),  # the server was idle: the median does not see it
+        _record(decode3, 0.020, 0.002),  # the model says 16 ms: 20% under
+        _record(mixed, 0.100, 0.006),
+        _record(decode1, 5.0, 0.001, kv_ops=1),  # a stash step: left out
+        _record((0, 0, 0, 0, 0, 0), 0.001, 0.001),  # ran no token: left out
+    ]
+    rows, overall = compare_trace(records, MODEL.predict)
+    assert [(r.kind, r.max_batch, r.steps) for r in rows] == [
+        ("decode", 1, 4),
+        ("decode", 4, 1),
+        ("mixed", 2, 1),
+    ]
+    one, three, mix = rows
+    assert one.engine_ms == pytest.approx(12.0)
+    assert one.predicted_ms == pytest.approx(12.0) and one.error_pct == pytest.approx(0.0)
+    assert one.gap_ms == pytest.approx(5.0)
+    assert one.boundary_ms == pytest.approx(1.0)
+    assert three.predicted_ms == pytest.approx(16.0) and three.error_pct == pytest.approx(-20.0)
+    assert mix.predicted_ms == pytest.approx(10 + 2 + 48)
+    assert overall.steps == 6 and overall.max_batch == 4
+    assert overall.engine_ms == pytest.approx((48 + 20 + 100) / 6)
+    slower = compare_trace(records, MODEL.predict, speed_factor=1.5)[1]
+    assert slower.predicted_ms == pytest.approx(1.5 * overall.predicted_ms)
+    # The machine as the run saw it: the same whichever factor the rows were predicted at.
+    machine = in_run(slower, 1.5)
+    assert machine == in_run(overall, 1.0)
+    assert machine.speed_factor == pytest.approx(overall.engine_ms / overall.predicted_ms)
+    assert machine.server_cycle_s == pytest.approx((overall.gap_ms + 1.0) / 1e3)
+    with pytest.raises(ValueError, match="no step"):
+        compare_trace(records[-2:], MODEL.predict)
+
+
+def test_step_report_prints_and_writes_the_comparison(tmp_path: Path) -> None:
+    model_path = tmp_path / "tiny__machine.json"
+    MODEL.save(model_path)
+    trace = tmp_path / "steps.jsonl"
+    tracer = StepTracer(
+        SimExecutor(FakeExecutor().info, MODEL), ScriptedClock(0.0, 0.1, 0.2, 0.3), trace.open("w")
+    )
+    tracer.step(PREFILL)
+    tracer.step(DECODE)
+    tracer.close()
+    out = tmp_path / "report.json"
+    args = ["step-report", str(trace), "--cost-model", str(model_path), "--speed-factor", "2"]
+    result = CliRunner().invoke(cli, [*args, "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "engine steps vs the cost model" in result.output
+    doc = json.loads(out.read_text())
+    assert [(r["kind"], r["steps"]) for r in doc["rows"]] == [("decode", 1), ("prefill", 1)]
+    assert doc["all"]["error_pct"] == pytest.approx(100.0)  # the same model, twice as slow
+    assert doc["in_run"]["speed_factor"] == pytest.approx(1.0)  # the engine was the model
+    missing = CliRunner().invoke(
+        cli, ["step-report", str(tmp_path / "none.jsonl"), "--cost-model", str(model_path)]
+    )
+    assert missing.exit_code == 2 and "step-report" in missing.output
