@@ -11,7 +11,9 @@ real run: their mean, and each), else from the simulation's own results file.
 
 A second table, where there are ``sim-inrun-<policy>-<load>.json`` files: simulations given the
 machine as the real run's own step trace saw it (``steps-<policy>-<load>.json``, written by
-``quanta step-report``): what the simulator misses when the engine's speed is known.
+``quanta step-report``): what the simulator misses when the engine's speed is known. A third,
+where there are ``sim-cross-<policy>-<load>.json`` files (``scripts/fidelity_cross.py``): the
+same, with a cost model fitted from the other runs' served steps.
 
     .venv/bin/python -m scripts.fidelity_table bench/results/fidelity
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +60,11 @@ def speed(folder: Path, key: str, sim: dict[str, Any]) -> dict[str, Any] | None:
         doc = json.loads(path.read_text())
         before, after = doc["before"]["speed_factor"], doc["after"]["speed_factor"]
         return {"factor": doc["speed_factor"], "before": before, "after": after}
+    return used_speed(folder, key, sim)
+
+
+def used_speed(folder: Path, key: str, sim: dict[str, Any]) -> dict[str, Any] | None:
+    """The speed factor the simulation ran with, from its results file."""
     used = sim.get("environment", {}).get("speed_factor") or {}
     factor = used.get("factor")
     return None if factor is None else {"factor": factor, "before": None, "after": None}
@@ -70,21 +78,27 @@ def _speed_cell(s: dict[str, Any] | None) -> str:
     return f"{s['factor']:.2f} ({s['before']:.2f} / {s['after']:.2f})"
 
 
-def in_run_speed(folder: Path, key: str) -> dict[str, Any] | None:
-    """The row's in-run speed factor: from the real run's step report (``steps-<key>.json``)."""
-    path = folder / f"steps-{key}.json"
-    if not path.exists():
-        return None
-    factor = json.loads(path.read_text())["in_run"]["speed_factor"]
-    return {"factor": factor, "before": None, "after": None}
-
-
 PROBE_NOTE = (
     "speed factor: every simulated step × it (the probe's time at the run / at calibration)"
 )
 IN_RUN_NOTE = (
     "speed factor: the real run's own engine time over the cost model's for its steps "
     "(its step trace), and the server's time per cycle from the same trace"
+)
+CROSS_NOTE = (
+    "cost model: fitted from the served steps of the other eight runs; speed factor and "
+    "server time as in the table above, against that model"
+)
+SpeedOf = Callable[[Path, str, dict[str, Any]], dict[str, Any] | None]
+TABLES: tuple[tuple[str, SpeedOf, str, str], ...] = (
+    ("sim", speed, "The speed from the reference probe before and after the run", PROBE_NOTE),
+    ("sim-inrun", used_speed, "The speed the run's own steps had (step trace)", IN_RUN_NOTE),
+    (
+        "sim-cross",
+        used_speed,
+        "And a cost model fitted from the other runs' served steps (scripts/fidelity_cross.py)",
+        CROSS_NOTE,
+    ),
 )
 
 
@@ -109,7 +123,7 @@ def table(rows: dict[str, dict[str, Any]], note: str) -> str:
     return "\n".join([*lines, "", f"✗: outside the target ({targets}).", note + "."])
 
 
-def rows_for(folder: Path, prefix: str) -> dict[str, dict[str, Any]]:
+def rows_for(folder: Path, prefix: str, speed_of: SpeedOf) -> dict[str, dict[str, Any]]:
     """Each real run against its simulation ``<prefix>-<key>.json``, where there is one."""
     rows: dict[str, dict[str, Any]] = {}
     for real_path in sorted(folder.glob("real-*.json")):
@@ -119,29 +133,21 @@ def rows_for(folder: Path, prefix: str) -> dict[str, dict[str, Any]]:
             continue
         sim = json.loads(sim_path.read_text())
         rows[key] = compare(json.loads(real_path.read_text()), sim)
-        by_probe = prefix == "sim"
-        rows[key]["speed factor"] = (
-            speed(folder, key, sim) if by_probe else in_run_speed(folder, key)
-        )
+        rows[key]["speed factor"] = speed_of(folder, key, sim)
     return rows
 
 
 def main(folder: Path) -> None:
-    probe_rows = rows_for(folder, "sim")
-    in_run_rows = rows_for(folder, "sim-inrun")
-    doc = {"probe": probe_rows, "in_run": in_run_rows}
+    doc: dict[str, Any] = {}
+    parts: list[str] = []
+    for prefix, speed_of, title, note in TABLES:
+        rows = rows_for(folder, prefix, speed_of)
+        if rows:
+            doc[prefix] = rows
+            parts += [f"{title}:\n", table(rows, note), ""]
     (folder / "fidelity.json").write_text(json.dumps(doc, indent=1) + "\n")
-    parts = [
-        "The speed from the reference probe before and after the run:\n",
-        table(probe_rows, PROBE_NOTE),
-    ]
-    if in_run_rows:
-        parts += [
-            "\nThe speed the run's own steps had (step trace):\n",
-            table(in_run_rows, IN_RUN_NOTE),
-        ]
     text = "\n".join(parts)
-    (folder / "fidelity.md").write_text(text + "\n")
+    (folder / "fidelity.md").write_text(text)
     print(text)
 
 

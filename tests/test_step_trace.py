@@ -12,9 +12,10 @@ from typer.testing import CliRunner
 from app.cli import cli
 from quanta_core.engine.fake import FakeExecutor
 from quanta_core.engine.types import SeqSlice, Stash, StepPlan
-from quanta_core.sim.cost_model import CostModel, features_of
+from quanta_core.sim.cost_model import CostModel, StepFeatures, features_of
 from quanta_core.sim.executor import SimExecutor
 from quanta_core.sim.step_trace import StepRecord, StepTracer, compare_trace, in_run, read_trace
+from scripts.fidelity_cross import cross_model
 
 MODEL = CostModel(per_pass=0.01, per_decode=0.002, per_prefill=0.003)
 
@@ -130,3 +131,27 @@ def test_step_report_prints_and_writes_the_comparison(tmp_path: Path) -> None:
         cli, ["step-report", str(tmp_path / "none.jsonl"), "--cost-model", str(model_path)]
     )
     assert missing.exit_code == 2 and "step-report" in missing.output
+
+
+def test_a_cross_model_learns_the_shape_of_the_other_runs_steps_at_the_calibrations_speed() -> None:
+    served = CostModel(per_pass=0.01, per_batched_pass=0.02, per_decode=0.003, per_prefill=0.004)
+    calibrated = CostModel(per_pass=0.02, per_decode=0.001, per_stash=1e-5, per_restore=2e-5)
+
+    def run(speed: float) -> list[StepRecord]:
+        shapes = [StepFeatures(n, n, 0) for n in (1, 2, 4, 8, 16)]
+        shapes += [StepFeatures(1, 0, p) for p in (16, 64, 256)]
+        shapes += [StepFeatures(3, 2, 32), StepFeatures(9, 8, 128)]
+        return [_record(tuple(f), speed * served.predict(f), 0.001) for f in shapes]
+
+    # Each run's steps as fast as its machine was (its in-run factor): the held-out run's
+    # steps, however odd, take no part.
+    runs = {
+        "a": (run(1.3), 1.3),
+        "b": (run(0.8), 0.8),
+        "held": ([_record((1, 1, 0), 9.0, 0.001)], 1.0),
+    }
+    model = cross_model("held", runs, calibrated)
+    for name in ("per_pass", "per_batched_pass", "per_decode", "per_prefill"):
+        assert getattr(model, name) == pytest.approx(getattr(served, name), rel=1e-6)
+    assert (model.per_stash, model.per_restore) == (1e-5, 2e-5)  # not in a trace: kept
+    assert model.meta["fit"]["points"] == 20

@@ -32,6 +32,7 @@ from quanta_core.clock import Clock
 from quanta_core.engine.protocol import Executor
 from quanta_core.engine.types import EngineInfo, MemoryStats, StepPlan, StepResult
 from quanta_core.sim.cost_model import StepFeatures, features_of
+from quanta_core.sim.fit import group_of
 
 _NO_LENGTHS: dict[int, int] = {}
 _NO_STASHES: dict[str, int] = {}
@@ -123,14 +124,13 @@ class TraceRow(msgspec.Struct, frozen=True):
         return 100.0 * (self.predicted_ms / self.engine_ms - 1.0) if self.engine_ms else 0.0
 
 
-def step_kind(f: StepFeatures) -> str:
-    if not f.prefill_tokens:
-        return "decode"
-    return "mixed" if f.decode_tokens else "prefill"
-
-
 def batch_bucket(seqs: int) -> int:
     return next((b for b in BATCH_BUCKETS if seqs <= b), seqs)
+
+
+def served_steps(records: list[StepRecord]) -> list[StepRecord]:
+    """The steps that ran tokens and no KV operation: the ones a trace can be compared on."""
+    return [r for r in records if not r.kv_ops and r.features.seqs]
 
 
 def compare_trace(
@@ -139,11 +139,9 @@ def compare_trace(
     """Rows per (kind, batch bucket) and one over every step, of the steps that ran tokens
     and no KV operation (the stash and restore sizes are not in the trace)."""
     groups: dict[tuple[str, int], list[StepRecord]] = defaultdict(list)
-    for r in records:
+    for r in served_steps(records):
         f = r.features
-        if r.kv_ops or not f.seqs:
-            continue
-        groups[(step_kind(f), batch_bucket(f.seqs))].append(r)
+        groups[(group_of(f).value, batch_bucket(f.seqs))].append(r)
 
     def row(kind: str, max_batch: int, rs: list[StepRecord]) -> TraceRow:
         gaps = [r.gap for r in rs if r.gap is not None]
