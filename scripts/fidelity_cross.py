@@ -7,8 +7,9 @@ thousands of served steps with their engine times. For each run R:
 
     the other runs' steps ─▶ engine time / that run's in-run speed factor (the machine's
         drift taken out: every trace brought to the calibration's speed)
-      ─▶ fit_cost_model (as `quanta calibrate` fits; stash and restore, which the traces do
-        not exercise, kept from the calibrated model) ─▶ cross-model-R.json
+      ─▶ fit_cost_model (as `quanta calibrate` fits; what the traces do not exercise, such
+        as stash and restore in runs without preemption, kept from the calibrated model)
+      ─▶ cross-model-R.json
     R's steps against that model ─▶ R's in-run speed factor and server time per cycle
       ─▶ quanta sim ─▶ sim-cross-R.json        (scripts/fidelity_table.py: the third table)
 
@@ -29,8 +30,6 @@ from app.sim_cli import default_cost_model_path
 from quanta_core.sim.cost_model import CostModel, StepFeatures
 from quanta_core.sim.fit import fit_cost_model
 from quanta_core.sim.step_trace import StepRecord, compare_trace, in_run, read_trace, served_steps
-
-KEPT = ("per_stash", "per_restore")  # not in a trace: the calibration's
 
 
 def load_runs(folder: Path) -> dict[str, tuple[list[StepRecord], float]]:
@@ -58,7 +57,7 @@ def cross_model(
     ]
     meta = {**base.meta, "fitted_from": f"served steps of every fidelity run but {held_out}"}
     fitted = fit_cost_model(points, meta=meta)
-    kept = {name: getattr(base, name) for name in KEPT}
+    kept = {name: getattr(base, name) for name in fitted.meta["fit"]["unexercised"]}
     coefficients = {**fitted.coefficients(), **kept}
     return CostModel(**coefficients, meta=fitted.meta)
 

@@ -62,6 +62,7 @@ def test_every_step_is_recorded_with_its_features_times_and_the_gap_before_it() 
     assert records[1].features.decode_tokens == 2
     assert records[0].engine == pytest.approx(MODEL.predict(records[0].features))
     assert [r.kv_ops for r in records] == [0, 0, 1]
+    assert records[2].features.stash_tokens == 1  # the tracer knows what sequence 1 held
 
 
 def _record(f: tuple[float, ...], engine: float, gap: float | None, kv_ops: int = 0) -> StepRecord:
@@ -79,8 +80,7 @@ def test_steps_are_grouped_by_kind_and_batch_and_compared_with_the_prediction() 
         _record(decode1, 0.012, 30.0),  # the server was idle: the median does not see it
         _record(decode3, 0.020, 0.002),  # the model says 16 ms: 20% under
         _record(mixed, 0.100, 0.006),
-        _record(decode1, 5.0, 0.001, kv_ops=1),  # a stash step: left out
-        _record((0, 0, 0, 0, 0, 0), 0.001, 0.001),  # ran no token: left out
+        _record((0, 0, 0, 0, 0, 0), 0.001, 0.001, kv_ops=1),  # only freed a sequence: left out
     ]
     rows, overall = compare_trace(records, MODEL.predict)
     assert [(r.kind, r.max_batch, r.steps) for r in rows] == [
@@ -105,7 +105,7 @@ def test_steps_are_grouped_by_kind_and_batch_and_compared_with_the_prediction() 
     assert machine.speed_factor == pytest.approx(overall.engine_ms / overall.predicted_ms)
     assert machine.server_cycle_s == pytest.approx((overall.gap_ms + 1.0) / 1e3)
     with pytest.raises(ValueError, match="no step"):
-        compare_trace(records[-2:], MODEL.predict)
+        compare_trace(records[-1:], MODEL.predict)
 
 
 def test_step_report_prints_and_writes_the_comparison(tmp_path: Path) -> None:

@@ -14,9 +14,9 @@ One JSON line per step: ``{"start": s, "gap": s, "engine": s, "total": s, "kv_op
 process boundary included), ``gap`` the time since the previous step returned (the server's
 own work between steps, or idleness: an idle server has long gaps). Comparing ``engine`` with
 the cost model's prediction for ``f`` tells whether a simulation misses the engine or the
-rest; ``quanta step-report`` does that. Stash and restore sizes are not in ``f`` (they need
-the engine's state, which the tracer does not keep): steps with KV operations are flagged by
-``kv_ops`` and left out of the comparison.
+rest; ``quanta step-report`` does that. The tracer keeps its own ``KvMirror`` (what each
+sequence and stash holds), so a stash's or restore's size is in ``f`` as the simulator
+counts it.
 """
 
 from __future__ import annotations
@@ -29,13 +29,12 @@ from typing import NamedTuple, TextIO
 import msgspec
 
 from quanta_core.clock import Clock
+from quanta_core.engine.errors import EngineDied
+from quanta_core.engine.kv_mirror import KvMirror
 from quanta_core.engine.protocol import Executor
 from quanta_core.engine.types import EngineInfo, MemoryStats, StepPlan, StepResult
 from quanta_core.sim.cost_model import StepFeatures, features_of
 from quanta_core.sim.fit import group_of
-
-_NO_LENGTHS: dict[int, int] = {}
-_NO_STASHES: dict[str, int] = {}
 
 
 class StepRecord(msgspec.Struct, frozen=True):
@@ -60,16 +59,23 @@ class StepTracer:
         self._sink = sink
         self._encoder = msgspec.json.Encoder()
         self._last_end: float | None = None
+        self._mirror = KvMirror.for_engine(inner.info)
 
     @property
     def info(self) -> EngineInfo:
         return self.inner.info
 
     def step(self, plan: StepPlan) -> StepResult:
-        features = features_of(plan, _NO_LENGTHS, _NO_STASHES)
+        mirror = self._mirror
+        features = features_of(plan, mirror.lengths, mirror.stash_lengths)
         start = self._clock.now()
-        result = self.inner.step(plan)  # an error is not a step: nothing is written
+        try:
+            result = self.inner.step(plan)  # an error is not a step: nothing is written
+        except EngineDied:
+            mirror.forget_engine()
+            raise
         end = self._clock.now()
+        mirror.adopt(mirror.after(plan))  # the engine ran it: it was valid
         gap = None if self._last_end is None else start - self._last_end
         self._last_end = end
         record = StepRecord(
@@ -89,6 +95,7 @@ class StepTracer:
 
     def restart(self) -> None:
         self._last_end = None
+        self._mirror.forget_engine()
         self.inner.restart()
 
     def close(self) -> None:
@@ -129,15 +136,14 @@ def batch_bucket(seqs: int) -> int:
 
 
 def served_steps(records: list[StepRecord]) -> list[StepRecord]:
-    """The steps that ran tokens and no KV operation: the ones a trace can be compared on."""
-    return [r for r in records if not r.kv_ops and r.features.seqs]
+    """The steps that did any work the cost model prices (not only frees of sequences)."""
+    return [r for r in records if any(r.features)]
 
 
 def compare_trace(
     records: list[StepRecord], predict: Callable[[StepFeatures], float], speed_factor: float = 1.0
 ) -> tuple[list[TraceRow], TraceRow]:
-    """Rows per (kind, batch bucket) and one over every step, of the steps that ran tokens
-    and no KV operation (the stash and restore sizes are not in the trace)."""
+    """Rows per (kind, batch bucket) and one over every step that did priced work."""
     groups: dict[tuple[str, int], list[StepRecord]] = defaultdict(list)
     for r in served_steps(records):
         f = r.features
@@ -156,7 +162,7 @@ def compare_trace(
         )
 
     if not groups:
-        raise ValueError("the trace has no step that ran tokens without KV operations")
+        raise ValueError("the trace has no step that did any work")
     rows = [row(kind, b, groups[(kind, b)]) for kind, b in sorted(groups)]
     every = [r for rs in groups.values() for r in rs]
     return rows, row("all", max(b for _, b in groups), every)
