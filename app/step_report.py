@@ -20,6 +20,7 @@ import json
 from pathlib import Path
 from typing import Annotated
 
+import msgspec
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -91,13 +92,4 @@ def _table(rows: list[TraceRow], overall: TraceRow, factor: float) -> Table:
 
 
 def _as_dict(r: TraceRow) -> dict[str, object]:
-    return {
-        "kind": r.kind,
-        "max_batch": r.max_batch,
-        "steps": r.steps,
-        "engine_ms": r.engine_ms,
-        "predicted_ms": r.predicted_ms,
-        "error_pct": r.error_pct,
-        "boundary_ms": r.boundary_ms,
-        "gap_ms": r.gap_ms,
-    }
+    return {**msgspec.structs.asdict(r), "error_pct": r.error_pct}
