@@ -7,7 +7,11 @@ server's defaults (``quanta run``); the cost model is ``config/cost_models``'s (
 with the real engine's order of magnitude, bench/results/engine.json, when none is calibrated).
 Writes ``bench/results/sim_speed.json``; ``--profile`` prints where the time goes.
 
-    .venv/bin/python -m scripts.bench_sim [--requests N] [--policy P] [--profile]
+This VM's speed drifts by a quarter within minutes (the same run took 7.5 s and 12 s a few
+minutes apart, the machine otherwise idle): the run is repeated (``--repeat``, default 3) and
+every time is kept; the figure is the best, the one least slowed by the host.
+
+    .venv/bin/python -m scripts.bench_sim [--requests N] [--policy P] [--repeat K] [--profile]
 """
 
 from __future__ import annotations
@@ -59,6 +63,7 @@ def main() -> None:
     parser.add_argument(
         "--rate-scale", type=float, default=1.0, help="arrivals this many times faster"
     )
+    parser.add_argument("--repeat", type=int, default=3, help="runs; the best is the figure")
     parser.add_argument("--profile", action="store_true", help="cProfile the run, print the top")
     args = parser.parse_args()
 
@@ -80,11 +85,16 @@ def main() -> None:
     profiler = cProfile.Profile() if args.profile else None
     if profiler is not None:
         profiler.enable()
-    cpu = time.process_time()
-    outcome: SimOutcome = simulate(spec, plan, config, info, model)
-    cpu_s = time.process_time() - cpu
+    runs: list[tuple[SimOutcome, float]] = []
+    for _ in range(1 if profiler is not None else max(1, args.repeat)):
+        cpu = time.process_time()
+        run = simulate(spec, plan, config, info, model)
+        runs.append((run, time.process_time() - cpu))
     if profiler is not None:
         profiler.disable()
+    outcome, cpu_s = min(runs, key=lambda r: r[0].wall_s)
+    if len({(o.steps, o.virtual_s) for o, _ in runs}) != 1:
+        raise SystemExit("the runs differ: a simulation must be a pure function of its inputs")
     summary = summarize(outcome.records, spec.targets, window_s=spec.window_s).overall
     tokens = sum(r.n_output for r in outcome.records)
     figures: dict[str, Any] = {
@@ -99,6 +109,7 @@ def main() -> None:
         "engine_busy_fraction": round(outcome.busy_s / max(outcome.virtual_s, 1e-9), 3),
         "plan_s": round(plan_s, 3),
         "wall_s": round(outcome.wall_s, 3),
+        "wall_s_runs": [round(o.wall_s, 3) for o, _ in runs],
         "cpu_s": round(cpu_s, 3),
         "requests_per_wall_s": round(len(outcome.records) / outcome.wall_s),
         "steps_per_wall_s": round(outcome.steps / outcome.wall_s),

@@ -131,7 +131,7 @@ def serve(port: int, step_ms: float) -> None:
 
     pin(0)
 
-    from app.cli import freeze_startup_heap
+    from app.serve import freeze_startup_heap
     from app.server import create_app
 
     TimedExecutor.step_s = step_ms / 1000

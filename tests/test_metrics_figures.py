@@ -122,15 +122,20 @@ def test_cumulative_service_per_tenant() -> None:
     assert cumulative_service([a, b], bin_s=1.0) == {"a": [6.0, 8.0, 8.0], "b": [0.0, 0.0, 6.0]}
 
 
-def test_histogram_figures_are_within_a_tenth_of_a_percent() -> None:
-    values = [i / 100 for i in range(1, 101)]  # 10 ms … 1 s
+def test_percentiles_are_nearest_rank_order_statistics() -> None:
+    values = [i / 100 for i in range(100, 0, -1)]  # 1 s … 10 ms, unsorted on purpose
     d = distribution(values)
     assert d.count == 100
-    assert d.p50_ms == pytest.approx(500, rel=1e-3)
-    assert d.p90_ms == pytest.approx(900, rel=1e-3)
-    assert d.p99_ms == pytest.approx(990, rel=1e-3)
-    assert d.max_ms == pytest.approx(1000, rel=1e-3)
-    assert d.mean_ms == pytest.approx(505, rel=1e-3)
+    assert d.p50_ms == pytest.approx(500)
+    assert d.p90_ms == pytest.approx(900)
+    assert d.p99_ms == pytest.approx(990)
+    assert d.max_ms == pytest.approx(1000)
+    assert d.mean_ms == pytest.approx(505)
+    # Four values: the median is the 2nd (a latency someone saw), not the 2.5 between.
+    small = distribution([0.004, 0.001, 0.003, 0.002])
+    assert (small.p50_ms, small.p90_ms, small.p99_ms) == pytest.approx((2.0, 4.0, 4.0))
+    one = distribution([0.25])
+    assert one.p50_ms == one.p99_ms == one.max_ms == pytest.approx(250)
     assert distribution([]).p50_ms is None
 
 

@@ -33,6 +33,9 @@ class KvMirror:
     n_vocab: int
     lengths: dict[int, int] = field(default_factory=dict)  # seq -> tokens held (non-empty only)
     stash_lengths: dict[str, int] = field(default_factory=dict)  # key -> tokens stashed
+    # Off only where every token id is known to be in range without looking (the simulator:
+    # the scheduler checked each prompt at submit, and it samples its own tokens).
+    check_token_ids: bool = True
 
     @classmethod
     def for_engine(cls, info: EngineInfo) -> KvMirror:
@@ -63,6 +66,7 @@ class KvMirror:
             self.n_vocab,
             dict(self.lengths),
             dict(self.stash_lengths),
+            self.check_token_ids,
         )
         scratch.apply(plan)
         return scratch
@@ -75,37 +79,46 @@ class KvMirror:
     def apply(self, plan: StepPlan) -> None:
         """Advance the mirror by ``plan``; raise ``EngineInputError`` on the first fault.
 
-        Use ``check`` first: a fault half-way leaves this mirror half-applied.
+        The slices are checked before any of them is applied, but the KV ops are applied one
+        by one: with ops, ``check`` (or ``after``) first, or a fault half-way leaves this
+        mirror half-applied. A plan without ops changes nothing when refused.
         """
         for op in plan.kv_ops:
             self._apply_op(op)
-        if plan.num_tokens > self.n_batch:
-            raise EngineInputError(
-                f"batch of {plan.num_tokens} tokens is over n_batch={self.n_batch}"
-            )
+        slices = plan.slices
+        n_batch = sum(len(s.tokens) for s in slices)
+        if n_batch > self.n_batch:
+            raise EngineInputError(f"batch of {n_batch} tokens is over n_batch={self.n_batch}")
+        lengths, n_seq_max, n_ctx, n_vocab = self.lengths, self.n_seq_max, self.n_ctx, self.n_vocab
+        check_ids = self.check_token_ids
         seen: set[int] = set()
-        for s in plan.slices:
-            self._check_seq(s.seq)
-            if s.seq in seen:
-                raise EngineInputError(f"sequence {s.seq} appears twice in one batch")
-            seen.add(s.seq)
-            if not s.tokens:
-                raise EngineInputError(f"empty slice for sequence {s.seq}")
-            end = s.start_pos + len(s.tokens)
-            if end > self.n_ctx:
+        ends: list[int] = []
+        for s in slices:
+            seq, tokens, start = s.seq, s.tokens, s.start_pos
+            if not 0 <= seq < n_seq_max:
+                self._check_seq(seq)
+            if seq in seen:
+                raise EngineInputError(f"sequence {seq} appears twice in one batch")
+            seen.add(seq)
+            if not tokens:
+                raise EngineInputError(f"empty slice for sequence {seq}")
+            end = start + len(tokens)
+            if end > n_ctx:
                 raise EngineInputError(
-                    f"sequence {s.seq}: position {end - 1} overflows the context of {self.n_ctx}"
+                    f"sequence {seq}: position {end - 1} overflows the context of {n_ctx}"
                 )
-            expected = self.n_tokens(s.seq)
-            if s.start_pos != expected:
+            held = lengths.get(seq, 0)
+            if start != held:
                 raise EngineInputError(
-                    f"sequence {s.seq}: slice starts at position {s.start_pos}, "
-                    f"but the sequence holds {expected} tokens"
+                    f"sequence {seq}: slice starts at position {start}, "
+                    f"but the sequence holds {held} tokens"
                 )
-            if min(s.tokens) < 0 or max(s.tokens) >= self.n_vocab:
-                bad = [t for t in s.tokens if not 0 <= t < self.n_vocab]
-                raise EngineInputError(f"sequence {s.seq}: token ids out of range: {bad[:5]}")
-            self.lengths[s.seq] = end
+            if check_ids and (min(tokens) < 0 or max(tokens) >= n_vocab):
+                bad = [t for t in tokens if not 0 <= t < n_vocab]
+                raise EngineInputError(f"sequence {seq}: token ids out of range: {bad[:5]}")
+            ends.append(end)
+        for s, end in zip(slices, ends, strict=True):
+            lengths[s.seq] = end
 
     def _apply_op(self, op: KvOp) -> None:
         match op:

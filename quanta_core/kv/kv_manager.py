@@ -14,6 +14,9 @@ one that held a child block would hold its parents, so the block would not be ca
 
     holder 5:  [b0 b1 b2 b3]      evict b2 (LRU)  ->  Truncate(5, 2*bs)  ->  [b0 b1]
     holder 7:  [b0 b1 b2]                          ->  Truncate(7, 2*bs)  ->  [b0 b1]
+
+Evicting a holder's blocks one by one, tail first, merges into one op: Truncate(5, 2*bs)
+followed by Truncate(5, bs) is queued as Truncate(5, bs) alone.
 """
 
 from __future__ import annotations
@@ -342,7 +345,7 @@ class KvManager:
 
     def _truncate_holder(self, seq: int, n_blocks: int) -> None:
         st = self._seqs[seq]
-        self._ops.append(Truncate(seq=seq, start=n_blocks * self.block_size))
+        self._truncate_op(seq, n_blocks * self.block_size)
         for b in reversed(st.table[n_blocks:]):
             self._let_go(b, seq, active=False)
         del st.table[n_blocks:]
@@ -351,6 +354,16 @@ class KvManager:
         if not st.table:
             del self._holders[seq]
             self._release_seq(seq)
+
+    def _truncate_op(self, seq: int, start: int) -> None:
+        """Queue ``Truncate(seq, start)``, merged into the op before it if that one cut the
+        same sequence no higher (a cache trim evicts a holder's tail one block at a time)."""
+        ops = self._ops
+        last = ops[-1] if ops else None
+        if type(last) is Truncate and last.seq == seq and last.start >= start:
+            ops[-1] = Truncate(seq=seq, start=start)
+        else:
+            ops.append(Truncate(seq=seq, start=start))
 
     def _acquire_seq(self, exclude: int | None) -> int | None:
         if not self._free_seqs:

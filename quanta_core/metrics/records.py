@@ -16,7 +16,7 @@ split (``server_*``) is ``None`` where the server does not report it (any non-Qu
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
 
@@ -75,7 +75,8 @@ class RequestRecord:
     # ---- rows in a JSON file ----
 
     def to_row(self) -> dict[str, Any]:
-        row = asdict(self)
+        # Field by field: dataclasses.asdict deep-copies every token time (seconds per run).
+        row = {name: getattr(self, name) for name in self.__dataclass_fields__}
         row["slo_class"] = self.slo_class.value
         row["token_times"] = list(self.token_times)
         return row

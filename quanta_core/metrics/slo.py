@@ -69,16 +69,14 @@ def meets_slo(record: RequestRecord, targets: SloTargets) -> bool:
 
 def token_deadlines(record: RequestRecord, targets: SloTargets) -> list[float | None]:
     """Each streamed token's deadline (``None``: it has none)."""
-    out: list[float | None] = []
-    pace = targets.pace_s
-    for i in range(len(record.token_times)):
-        bounds: list[float] = []
-        if targets.ttft_s is not None:
-            bounds.append(record.sent + targets.ttft_s + i * (pace or 0.0))
-        if targets.deadline_s is not None:
-            bounds.append(record.sent + targets.deadline_s)
-        out.append(min(bounds) if bounds else None)
-    return out
+    n = len(record.token_times)
+    hard = None if targets.deadline_s is None else record.sent + targets.deadline_s
+    if targets.ttft_s is None:
+        return [hard] * n
+    first, pace = record.sent + targets.ttft_s, targets.pace_s or 0.0
+    if hard is None:
+        return [first + i * pace for i in range(n)]
+    return [min(first + i * pace, hard) for i in range(n)]
 
 
 def tokens_on_time(record: RequestRecord, targets: SloTargets) -> int:

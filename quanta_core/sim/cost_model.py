@@ -123,13 +123,14 @@ def features_of(
         restore = sum(stash_lengths.get(op.key, 0) for op in plan.kv_ops if isinstance(op, Restore))
     decode = prefill = pairs = held = 0
     for s in plan.slices:
-        n = len(s.tokens)
+        n, start = len(s.tokens), s.start_pos
         if n == 1:
             decode += 1
+            pairs += start + 1  # attended_pairs(start, 1), inline: most slices are decodes
         else:
             prefill += n
-        pairs += attended_pairs(s.start_pos, n)
-        held += s.start_pos + n
+            pairs += attended_pairs(start, n)
+        held += start + n
     batch = decode + prefill
     return StepFeatures(
         seqs=len(plan.slices),

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import zlib
 
-from quanta_core.engine.errors import EngineInputError
 from quanta_core.engine.kv_mirror import KvMirror
 from quanta_core.engine.types import (
     EngineInfo,
@@ -37,6 +36,8 @@ class SimExecutor:
         self._info = info
         self.cost_model = cost_model
         self._mirror = KvMirror.for_engine(info)
+        # Prompts were checked at submit and every sampled token is in range (see _sample).
+        self._mirror.check_token_ids = False
         self._samplers: dict[str, tuple[int, int]] = {}  # owner -> (seed, tokens sampled)
         self._eog = frozenset(info.eog_tokens)
         self._span = info.n_vocab - 1  # tokens 1 .. n_vocab - 1
@@ -79,20 +80,8 @@ class SimExecutor:
         mirror = self._mirror
         if plan.kv_ops:
             mirror.adopt(mirror.after(plan))  # ops may touch any sequence or stash: on a copy
-            return
-        # Without ops (most steps) a plan changes only its slices' sequences: applied in
-        # place and, if refused half-way, those put back (no copy of every held sequence).
-        lengths = mirror.lengths
-        before = [(s.seq, lengths.get(s.seq)) for s in plan.slices]
-        try:
-            mirror.apply(plan)
-        except EngineInputError:
-            for seq, n in before:
-                if n is None:
-                    lengths.pop(seq, None)
-                else:
-                    lengths[seq] = n
-            raise
+        else:
+            mirror.apply(plan)  # most steps: slices only, checked in full before applied
 
     def _sample(self, owner: str, replayed: int) -> int:
         state = self._samplers.get(owner)
