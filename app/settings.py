@@ -130,6 +130,12 @@ class Settings(BaseSettings):
         ge=0,
         description="llama.cpp's idle OpenMP threads spin this long, then sleep (None: libgomp's)",
     )
+    reply_spin_s: float = Field(
+        default=0.001,
+        ge=0,
+        description="after the engine's decoded heads-up, poll this long for the step's reply "
+        "before sleeping (0: always sleep)",
+    )
     step_trace: Path | None = Field(
         default=None,
         description="write every engine step's features and times here, one JSON line each "
@@ -179,5 +185,6 @@ class Settings(BaseSettings):
             n_batch=self.n_batch,
             threads=self.threads,
             omp_spincount=self.omp_spincount,
+            reply_spin_s=self.reply_spin_s,
             step_timeout_s=self.step_timeout_s,
         )

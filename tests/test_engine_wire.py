@@ -10,6 +10,7 @@ import pytest
 
 from quanta_core.engine.llama_cpp.wire import (
     HEADER,
+    HEADS_UP,
     SMALL_FRAME,
     Channel,
     ErrorReply,
@@ -23,7 +24,6 @@ Pair = tuple[socket.socket, socket.socket]
 @pytest.fixture
 def pair() -> Iterator[Pair]:
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    a.settimeout(5.0)  # the caller's end runs in timeout mode, as the executor's does
     yield a, b
     a.close()
     b.close()
@@ -35,7 +35,7 @@ def test_frames_split_across_reads_or_sent_back_to_back(pair: Pair) -> None:
     frame = HEADER.pack(len(body)) + body
     worker.sendall(frame[:2])
     threading.Timer(0.02, lambda: worker.sendall(frame[2:] + frame)).start()
-    channel = Channel(caller, Reply)
+    channel = Channel(caller, Reply, timeout_s=5.0)
     assert channel.recv() == ErrorReply("input", "x" * 300)
     assert channel.recv() == ErrorReply("input", "x" * 300)
 
@@ -49,9 +49,33 @@ def test_a_large_frame_arrives_whole(pair: Pair) -> None:
     sender.join()
 
 
+@pytest.mark.parametrize("spin_s", [0.0, 0.001])
+def test_a_heads_up_is_skipped_whether_the_message_is_late_or_already_there(
+    pair: Pair, spin_s: float
+) -> None:
+    caller, worker = pair
+    sender = Channel(worker, MemoryCall)
+    channel = Channel(caller, Reply, timeout_s=5.0)
+    sender.send_heads_up()
+    threading.Timer(0.02, sender.send, args=(ErrorReply("input", "late"),)).start()
+    assert channel.recv(spin_s) == ErrorReply("input", "late")
+    sender.send_heads_up()
+    sender.send(ErrorReply("input", "there"))
+    sender.send(ErrorReply("input", "next"))
+    assert channel.recv(spin_s) == ErrorReply("input", "there")
+    assert channel.recv(spin_s) == ErrorReply("input", "next")
+
+
 def test_a_closed_peer_is_end_of_file(pair: Pair) -> None:
     caller, worker = pair
     worker.sendall(HEADER.pack(10) + b"abc")  # a frame cut short
     worker.close()
     with pytest.raises(EOFError):
         Channel(caller, Reply).recv()
+
+
+def test_a_silent_peer_times_out(pair: Pair) -> None:
+    caller, worker = pair
+    worker.sendall(HEADS_UP)
+    with pytest.raises(TimeoutError):
+        Channel(caller, Reply, timeout_s=0.05).recv(spin_s=0.001)

@@ -65,7 +65,8 @@ class KvMirror:
             self.n_batch,
             self.n_vocab,
             dict(self.lengths),
-            dict(self.stash_lengths),
+            # only KV ops touch the stashes: a plan without them shares this mirror's
+            dict(self.stash_lengths) if plan.kv_ops else self.stash_lengths,
             self.check_token_ids,
         )
         scratch.apply(plan)

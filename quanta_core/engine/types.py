@@ -134,7 +134,8 @@ class StashInfo(msgspec.Struct, frozen=True, array_like=True):
 
 
 class StepTimings(msgspec.Struct, frozen=True):
-    """Seconds. ``engine_s`` is measured in the worker; ``total_s`` by the caller."""
+    """Seconds. ``engine_s`` is the worker's own work (KV ops, decode, sampling; not its socket
+    writes), measured in the worker; ``total_s`` is the whole call, measured by the caller."""
 
     kv_ops_s: float = 0.0
     decode_s: float = 0.0

@@ -5,7 +5,8 @@
     LlamaCppExecutor.step(plan)
       KvMirror.check(plan)   (bad plan: refused here, nothing sent)
       attach stashed bytes for Restore ops
-      send StepCall  ───── Unix socket ───────▶  kv ops, llama_decode, sample
+      send StepCall  ───── Unix socket ───────▶  kv ops, llama_decode
+      (wake, spin)   ◀──── heads-up ───────────  sample
       recv StepReply ◀─────────────────────────  tokens, timings, stashed bytes
       keep stashed bytes (they outlive the worker), advance the mirror
 
@@ -95,8 +96,7 @@ class _Worker:
         finally:
             listener.close()
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
-        worker = cls(process, Channel(sock, Reply), tmpdir)
-        sock.settimeout(config.start_timeout_s)
+        worker = cls(process, Channel(sock, Reply, config.start_timeout_s), tmpdir)
         try:
             worker.channel.send(StartCall(config))
             reply = worker.channel.recv()
@@ -107,7 +107,7 @@ class _Worker:
             worker.kill()
             raise EngineStartError(reply.message)
         assert isinstance(reply, StartReply)
-        sock.settimeout(config.step_timeout_s)
+        worker.channel.timeout_s = config.step_timeout_s
         return worker, reply.info
 
     def kill(self) -> int | None:
@@ -161,7 +161,7 @@ class LlamaCppExecutor:
         t0 = time.perf_counter()
         after = self._mirror.after(plan)
         blobs = {op.key: self._stashes[op.key] for op in plan.kv_ops if isinstance(op, Restore)}
-        reply = self._call(StepCall(plan, blobs))
+        reply = self._call(StepCall(plan, blobs), self.config.reply_spin_s)
         if isinstance(reply, ErrorReply):
             raise EngineInputError(reply.message)
         assert isinstance(reply, StepReply)
@@ -190,13 +190,13 @@ class LlamaCppExecutor:
             n_stashes=len(self._stashes),
         )
 
-    def _call(self, call: object) -> object:
+    def _call(self, call: object, spin_s: float = 0.0) -> object:
         worker = self._worker
         if worker is None:
             raise EngineDied("the engine worker is not running", self._mirror.held_seqs(), None)
         try:
             worker.channel.send(call)
-            return worker.channel.recv()
+            return worker.channel.recv(spin_s)
         except TimeoutError:
             self._lose_worker()
             raise EngineHung(

@@ -14,6 +14,7 @@ import ctypes
 import socket
 import sys
 import time
+from collections.abc import Callable
 
 import llama_cpp
 import numpy as np
@@ -110,7 +111,9 @@ class Engine:
 
     # ---- one step ----
 
-    def step(self, call: StepCall) -> StepReply:
+    def step(self, call: StepCall, heads_up: Callable[[], None] | None = None) -> StepReply:
+        """Apply one call. ``heads_up`` is called once the batch is decoded, before sampling
+        (the caller wakes while we sample); its time is not counted as the engine's."""
         t0 = time.perf_counter()
         plan = call.plan
         self._check(plan, call.blobs)
@@ -128,17 +131,23 @@ class Engine:
         t1 = time.perf_counter()
         outputs: list[SeqOutput] = []
         decode_error = None
-        t2 = t1
+        t2 = t_sample = t1
         if plan.slices:
             rc = self._decode(plan.slices)
-            t2 = time.perf_counter()
+            t2 = t_sample = time.perf_counter()
             if rc != 0:
                 decode_error = f"llama_decode failed with code {rc} (KV cache full?)"
             else:
+                if heads_up is not None and any(samplers):
+                    heads_up()
+                    t_sample = time.perf_counter()
                 outputs = self._sample(plan.slices, samplers)
         t3 = time.perf_counter()
         timings = StepTimings(
-            kv_ops_s=t1 - t0, decode_s=t2 - t1, sample_s=t3 - t2, engine_s=t3 - t0
+            kv_ops_s=t1 - t0,
+            decode_s=t2 - t1,
+            sample_s=t3 - t_sample,
+            engine_s=t3 - t0 - (t_sample - t2),
         )
         result = StepResult(outputs=tuple(outputs), timings=timings)
         return StepReply(result=result, blobs=blobs, decode_error=decode_error)
@@ -277,7 +286,7 @@ def serve(channel: Channel) -> None:
             return
         try:
             if isinstance(call, StepCall):
-                channel.send(engine.step(call))
+                channel.send(engine.step(call, channel.send_heads_up))
             elif isinstance(call, MemoryCall):
                 channel.send(engine.memory_reply())
             else:
