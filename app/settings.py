@@ -133,8 +133,8 @@ class Settings(BaseSettings):
     reply_spin_s: float = Field(
         default=0.001,
         ge=0,
-        description="after the engine's decoded heads-up, poll this long for the step's reply "
-        "before sleeping (0: always sleep)",
+        description="after the engine's heads-up (sampling the last sequence), poll this long for "
+        "the step's reply before sleeping (0: always sleep)",
     )
     step_trace: Path | None = Field(
         default=None,

@@ -23,9 +23,9 @@ class EngineConfig:
     # (no slower steps measured) and sleeps soon after it. None: libgomp's default. An
     # OMP_WAIT_POLICY or GOMP_SPINCOUNT in the environment wins over this.
     omp_spincount: int | None = 3000
-    # After the worker's "decoded" heads-up, how long the caller polls for the step's reply
-    # before it sleeps on the socket. The reply follows after sampling (~0.25 ms per greedy
-    # sequence here); spinning saves a second wake-up of an idle CPU (~0.1 ms on this VM).
+    # After the worker's heads-up (it is sampling the last sequence), how long the caller
+    # polls for the step's reply before it sleeps on the socket. The reply follows in ~0.25 ms
+    # (one greedy sequence here); spinning saves a second wake-up of an idle CPU (~0.15 ms).
     reply_spin_s: float = 0.001
     step_timeout_s: float = 60.0  # a step that takes longer is treated as a hung worker
     start_timeout_s: float = 120.0  # loading the model in a fresh worker

@@ -5,8 +5,8 @@
     LlamaCppExecutor.step(plan)
       KvMirror.check(plan)   (bad plan: refused here, nothing sent)
       attach stashed bytes for Restore ops
-      send StepCall  ───── Unix socket ───────▶  kv ops, llama_decode
-      (wake, spin)   ◀──── heads-up ───────────  sample
+      send StepCall  ───── Unix socket ───────▶  kv ops, llama_decode, sample
+      (wake, spin)   ◀──── heads-up ───────────  sample the last sequence
       recv StepReply ◀─────────────────────────  tokens, timings, stashed bytes
       keep stashed bytes (they outlive the worker), advance the mirror
 

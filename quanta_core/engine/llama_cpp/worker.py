@@ -112,8 +112,9 @@ class Engine:
     # ---- one step ----
 
     def step(self, call: StepCall, heads_up: Callable[[], None] | None = None) -> StepReply:
-        """Apply one call. ``heads_up`` is called once the batch is decoded, before sampling
-        (the caller wakes while we sample); its time is not counted as the engine's."""
+        """Apply one call. ``heads_up`` is called once the batch is decoded, before the last
+        sequence is sampled (the caller wakes while we sample it, whatever the batch); its time
+        is not counted as the engine's."""
         t0 = time.perf_counter()
         plan = call.plan
         self._check(plan, call.blobs)
@@ -131,23 +132,29 @@ class Engine:
         t1 = time.perf_counter()
         outputs: list[SeqOutput] = []
         decode_error = None
-        t2 = t_sample = t1
+        t2 = t1
+        notify_s = 0.0
+
+        def notify() -> None:
+            nonlocal notify_s
+            started = time.perf_counter()
+            if heads_up is not None:
+                heads_up()
+            notify_s = time.perf_counter() - started
+
         if plan.slices:
             rc = self._decode(plan.slices)
-            t2 = t_sample = time.perf_counter()
+            t2 = time.perf_counter()
             if rc != 0:
                 decode_error = f"llama_decode failed with code {rc} (KV cache full?)"
             else:
-                if heads_up is not None and any(samplers):
-                    heads_up()
-                    t_sample = time.perf_counter()
-                outputs = self._sample(plan.slices, samplers)
+                outputs = self._sample(plan.slices, samplers, notify)
         t3 = time.perf_counter()
         timings = StepTimings(
             kv_ops_s=t1 - t0,
             decode_s=t2 - t1,
-            sample_s=t3 - t_sample,
-            engine_s=t3 - t0 - (t_sample - t2),
+            sample_s=t3 - t2 - notify_s,
+            engine_s=t3 - t0 - notify_s,
         )
         result = StepResult(outputs=tuple(outputs), timings=timings)
         return StepReply(result=result, blobs=blobs, decode_error=decode_error)
@@ -212,14 +219,20 @@ class Engine:
         return int(llama_cpp.llama_decode(self.ctx, self.batch))
 
     def _sample(
-        self, slices: tuple[SeqSlice, ...], samplers: list[Sampler | None]
+        self,
+        slices: tuple[SeqSlice, ...],
+        samplers: list[Sampler | None],
+        before_last: Callable[[], None],
     ) -> list[SeqOutput]:
         outputs = []
+        last = max((k for k, sampler in enumerate(samplers) if sampler is not None), default=-1)
         i = 0
-        for s, sampler in zip(slices, samplers, strict=True):
+        for k, (s, sampler) in enumerate(zip(slices, samplers, strict=True)):
             i += len(s.tokens)
             if sampler is None:
                 continue
+            if k == last:
+                before_last()
             idx = i - 1
             logprobs = (
                 self._logprobs(idx, s.sampling.logprobs)
