@@ -4,8 +4,10 @@ For each batch size B: B streaming completions at once through a real ``quanta r
 (``ignore_eos``, fixed answer length), counting tokens/s in the window where all B are
 decoding; and the engine alone (a worker of its own, no server, no scheduler) decoding B
 sequences from the same prompt for as many steps, tokens/s over the whole run (a mean, as the
-HTTP figure is). The two alternate, ROUNDS times each, and the medians are compared, so a
-slow spell of the machine hits both. Target: HTTP at least 90% of the engine alone. Writes
+HTTP figure is); both first decode one sequence alone for as long (the HTTP side's warm-up
+request). The two alternate, ROUNDS times each, in the order A B B A A B … (this machine slows
+down over minutes of load: neither side always runs second), and the medians are compared,
+so a slow spell of the machine hits both. Target: HTTP at least 90% of the engine alone. Writes
 ``bench/results/http_overhead.json``, with the server's own time per step fitted from the
 differences (``server_cost``: per cycle + per stream, for ``quanta sim``).
 
@@ -89,7 +91,13 @@ async def http_rate(url: str, model: str, batch: int, api_key: str) -> float:
 
 
 def engine_rate(executor: LlamaCppExecutor, prompt: list[int], batch: int) -> float:
-    """Tokens/s of B sequences decoding ANSWER_TOKENS tokens each, after the prompt."""
+    """Tokens/s of B sequences decoding ANSWER_TOKENS tokens each, after the prompt; first
+    one sequence alone for as long, as the HTTP side warms up with one request."""
+    decode(executor, prompt, 1)
+    return decode(executor, prompt, batch)
+
+
+def decode(executor: LlamaCppExecutor, prompt: list[int], batch: int) -> float:
     n = len(prompt)
     executor.step(StepPlan(slices=tuple(SeqSlice(s, tuple(prompt), 0) for s in range(batch))))
     start = time.perf_counter()
@@ -118,9 +126,15 @@ def measure(
 ) -> dict[str, Any]:
     http: list[float] = []
     alone: list[float] = []
-    for _ in range(rounds):
-        alone.append(engine_rate(executor, prompt, batch))
-        http.append(asyncio.run(http_rate(server.url, name, batch, server.api_key)))
+    for i in range(rounds):
+        # A B B A ...: this machine slows down over minutes of load, and the alternating
+        # order lets neither side always run second.
+        sides = ("engine", "http") if i % 2 == 0 else ("http", "engine")
+        for side in sides:
+            if side == "engine":
+                alone.append(engine_rate(executor, prompt, batch))
+            else:
+                http.append(asyncio.run(http_rate(server.url, name, batch, server.api_key)))
     return {
         "batch": batch,
         "http_tokens_per_s": statistics.median(http),
