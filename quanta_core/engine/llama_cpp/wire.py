@@ -25,7 +25,7 @@ from quanta_core.engine.config import EngineConfig
 from quanta_core.engine.types import EngineInfo, SeqMemory, StepPlan, StepResult
 
 HEADER = struct.Struct(">I")
-HEADS_UP = HEADER.pack(0)  # an empty frame: "decoded; the reply follows"
+HEADS_UP = HEADER.pack(0)  # an empty frame: "nearly done; the reply follows"
 SMALL_FRAME = 1 << 16
 MAX_FRAME = 1 << 31  # a stash of a full 64k context is ~1.5 GB; frames stay below 2 GiB
 
