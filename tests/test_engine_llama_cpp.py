@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -315,6 +316,47 @@ def test_killed_worker_is_a_typed_error_then_a_fresh_worker_works(
         ex.step(StepPlan(kv_ops=(Restore(0, "kept"),)))
         res = ex.step(StepPlan(slices=(SeqSlice(0, (42,), 3, True, "k"),)))
         assert len(res.outputs) == 1
+
+
+async def test_step_async_matches_step_and_outlives_a_cancelled_caller(
+    engine: LlamaCppExecutor, tok: Tokenizer
+) -> None:
+    prompt = tuple(tok.encode(PROMPTS[0]))
+    expected = greedy_alone(engine, 0, list(prompt), 6)
+    res = await engine.step_async(StepPlan(slices=(SeqSlice(0, prompt, 0, True, "a"),)))
+    tokens = [res.outputs[0].token]
+    for i in range(5):
+        plan = StepPlan(slices=(SeqSlice(0, (tokens[-1],), len(prompt) + i, True, "a"),))
+        tokens.append((await engine.step_async(plan)).outputs[0].token)
+    assert tokens == expected
+    # Cancelled while the worker runs it: the step still completes, so the next one follows.
+    long = StepPlan(slices=(SeqSlice(1, tuple(range(1, 200)), 0),))
+    task = asyncio.create_task(engine.step_async(long))
+    await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    follow = StepPlan(slices=(SeqSlice(1, (7,), 199, True, "b"),), release=("a",))
+    assert len((await engine.step_async(follow)).outputs) == 1
+    engine.step(StepPlan(release=("b",)))
+
+
+async def test_a_worker_killed_during_step_async_is_a_typed_error(model_path: Path) -> None:
+    config = EngineConfig(model_path=str(model_path), n_ctx=1024, n_seq_max=2, threads=2)
+    with LlamaCppExecutor.start(config) as ex:
+        pid = ex.pid
+        assert pid is not None
+        killer = threading.Timer(0.05, os.kill, (pid, signal.SIGKILL))
+        killer.start()
+        with pytest.raises(EngineDied) as caught:
+            for _ in range(20):
+                await ex.step_async(StepPlan(slices=(SeqSlice(0, tuple(range(1, 500)), 0),)))
+                await ex.step_async(StepPlan(kv_ops=(Truncate(0),)))
+        killer.join()
+        assert caught.value.exit_code == -signal.SIGKILL
+        ex.restart()
+        plan = StepPlan(slices=(SeqSlice(0, (1, 2), 0, True, "k"),))
+        assert len((await ex.step_async(plan)).outputs) == 1
 
 
 def test_a_hung_worker_is_detected_by_the_timeout(model_path: Path) -> None:

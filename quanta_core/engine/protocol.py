@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from quanta_core.engine.types import EngineInfo, MemoryStats, StepPlan, StepResult
 
@@ -26,3 +26,12 @@ class Executor(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class SteppedFromLoop(Protocol):
+    """An executor that can also be stepped from an event loop (the real engine: it sends
+    the call from the loop's thread and reads the reply in its own). Same contract as
+    ``Executor.step``."""
+
+    async def step_async(self, plan: StepPlan) -> StepResult: ...

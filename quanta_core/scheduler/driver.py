@@ -10,9 +10,13 @@
     await driver.stop(grace_s=5.0)
 
 ``Driver(scheduler: Scheduler, executor: Executor, clock: Clock)``. The scheduler runs in
-the event loop's thread (a cycle's bookkeeping is small); only ``executor.step`` and
+the event loop's thread (a cycle's bookkeeping is small); ``executor.step`` and
 ``executor.restart`` (blocking, 10-350 ms) run in the driver's own engine thread, so the loop
 stays free for HTTP while the engine works, and scheduler state is touched by one thread only.
+An executor that can be stepped from the loop (``SteppedFromLoop``: the llama.cpp worker's
+call is sent from the loop's thread and its reply read by a thread of the executor) is
+stepped with ``step_async`` instead: the hand-off to a thread then happens while the engine
+computes (measured ~0.4 ms less per cycle).
 Each call of ``submit`` / ``cancel`` / ``stop`` wakes an idle loop.
 
 Failures: ``EngineDied`` restarts the executor and hands the scheduler the dead plan
@@ -32,7 +36,8 @@ from typing import TypeVar
 
 from quanta_core.clock import Clock
 from quanta_core.engine.errors import EngineDied, EngineError, EngineInputError
-from quanta_core.engine.protocol import Executor
+from quanta_core.engine.protocol import Executor, SteppedFromLoop
+from quanta_core.engine.types import StepPlan, StepResult
 from quanta_core.requests import ChoiceFinished, FinishReason, GenerationRequest
 from quanta_core.scheduler.handle import Event, RequestHandle
 from quanta_core.scheduler.scheduler import Scheduler, SchedulerStats
@@ -62,6 +67,11 @@ class Driver:
         if self._task is not None:
             raise RuntimeError("the driver is already started")
         self._task = asyncio.create_task(self._run(), name="quanta-driver")
+
+    async def _step(self, plan: StepPlan) -> StepResult:
+        if isinstance(self.executor, SteppedFromLoop):
+            return await self.executor.step_async(plan)
+        return await self._in_engine_thread(lambda: self.executor.step(plan))
 
     async def _in_engine_thread(self, call: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._engine_thread, call)
@@ -145,7 +155,7 @@ class Driver:
             await self._wake.wait()
             return
         try:
-            result = await self._in_engine_thread(lambda: self.executor.step(plan))
+            result = await self._step(plan)
         except EngineDied as exc:
             log.warning("the engine died (%s); restarting it", exc)
             events = sched.on_engine_died(plan)
@@ -178,7 +188,7 @@ class Driver:
         """Run the frees and releases left after the last requests, so the engine is clean."""
         plan = self.scheduler.schedule()
         if not plan.is_empty:
-            await self._in_engine_thread(lambda: self.executor.step(plan))
+            await self._step(plan)
 
     def _dispatch(self, events: list[Event]) -> list[RequestHandle]:
         """Push ``events`` to their handles; the handles that got any."""

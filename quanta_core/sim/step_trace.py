@@ -21,6 +21,7 @@ counts it.
 
 from __future__ import annotations
 
+import asyncio
 from collections import defaultdict
 from collections.abc import Callable
 from statistics import fmean, median
@@ -31,7 +32,7 @@ import msgspec
 from quanta_core.clock import Clock
 from quanta_core.engine.errors import EngineDied
 from quanta_core.engine.kv_mirror import KvMirror
-from quanta_core.engine.protocol import Executor
+from quanta_core.engine.protocol import Executor, SteppedFromLoop
 from quanta_core.engine.types import EngineInfo, MemoryStats, StepPlan, StepResult
 from quanta_core.sim.cost_model import StepFeatures, features_of
 from quanta_core.sim.fit import group_of
@@ -66,15 +67,36 @@ class StepTracer:
         return self.inner.info
 
     def step(self, plan: StepPlan) -> StepResult:
-        mirror = self._mirror
-        features = features_of(plan, mirror.lengths, mirror.stash_lengths)
-        start = self._clock.now()
+        features, start = self._before(plan)
         try:
             result = self.inner.step(plan)  # an error is not a step: nothing is written
         except EngineDied:
-            mirror.forget_engine()
+            self._mirror.forget_engine()
             raise
+        return self._record(plan, features, start, result)
+
+    async def step_async(self, plan: StepPlan) -> StepResult:
+        """As ``step``, for a driver on an event loop (see ``SteppedFromLoop``)."""
+        features, start = self._before(plan)
+        try:
+            if isinstance(self.inner, SteppedFromLoop):
+                result = await self.inner.step_async(plan)
+            else:
+                result = await asyncio.to_thread(self.inner.step, plan)
+        except EngineDied:
+            self._mirror.forget_engine()
+            raise
+        return self._record(plan, features, start, result)
+
+    def _before(self, plan: StepPlan) -> tuple[StepFeatures, float]:
+        mirror = self._mirror
+        return features_of(plan, mirror.lengths, mirror.stash_lengths), self._clock.now()
+
+    def _record(
+        self, plan: StepPlan, features: StepFeatures, start: float, result: StepResult
+    ) -> StepResult:
         end = self._clock.now()
+        mirror = self._mirror
         mirror.adopt(mirror.after(plan))  # the engine ran it: it was valid
         gap = None if self._last_end is None else start - self._last_end
         self._last_end = end
