@@ -280,6 +280,15 @@ def test_ignore_eos_never_samples_an_end_token(engine: LlamaCppExecutor, tok: To
     assert not set(tokens) & set(engine.info.eog_tokens)
 
 
+def kill_soon(ex: LlamaCppExecutor) -> threading.Timer:
+    """SIGKILL the worker 50 ms from now, while the caller runs long prefills."""
+    pid = ex.pid
+    assert pid is not None
+    killer = threading.Timer(0.05, os.kill, (pid, signal.SIGKILL))
+    killer.start()
+    return killer
+
+
 def test_killed_worker_is_a_typed_error_then_a_fresh_worker_works(
     model_path: Path,
 ) -> None:
@@ -296,10 +305,7 @@ def test_killed_worker_is_a_typed_error_then_a_fresh_worker_works(
         ex.step(StepPlan(kv_ops=(Stash(1, "kept"),)))
         ex.step(StepPlan(slices=(SeqSlice(2, (1, 2, 3), 0, True, "k2"),)))
         pid = ex.pid
-        assert pid is not None
-        # Kill it while a long prefill is running.
-        killer = threading.Timer(0.05, os.kill, (pid, signal.SIGKILL))
-        killer.start()
+        killer = kill_soon(ex)
         with pytest.raises(EngineDied) as caught:
             for _ in range(20):
                 ex.step(StepPlan(slices=(SeqSlice(3, tuple(range(1, 500)), 0),)))
@@ -344,10 +350,7 @@ async def test_step_async_matches_step_and_outlives_a_cancelled_caller(
 async def test_a_worker_killed_during_step_async_is_a_typed_error(model_path: Path) -> None:
     config = EngineConfig(model_path=str(model_path), n_ctx=1024, n_seq_max=2, threads=2)
     with LlamaCppExecutor.start(config) as ex:
-        pid = ex.pid
-        assert pid is not None
-        killer = threading.Timer(0.05, os.kill, (pid, signal.SIGKILL))
-        killer.start()
+        killer = kill_soon(ex)
         with pytest.raises(EngineDied) as caught:
             for _ in range(20):
                 await ex.step_async(StepPlan(slices=(SeqSlice(0, tuple(range(1, 500)), 0),)))
