@@ -176,6 +176,7 @@ class Channel:
         self._start, self._end = 0, held
 
     def _recv_into(self, view: memoryview, flags: int = 0) -> int:
+        # A blocking read waits at most timeout_s; a MSG_DONTWAIT one (the spin) never waits.
         if not flags and self.timeout_s is not None and not self._poll.poll(1e3 * self.timeout_s):
             raise TimeoutError(f"no answer within {self.timeout_s} s")
         k = self.sock.recv_into(view, 0, flags)
