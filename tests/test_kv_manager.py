@@ -152,6 +152,22 @@ def test_a_cache_limit_evicts_the_least_recently_used_at_once() -> None:
     assert adm is not None and adm.cached_tokens == 32
 
 
+def test_a_cache_limit_cuts_a_holders_tail_once_and_stops_at_the_limit() -> None:
+    kv = KvManager(11, BS, 4, enable_prefix_cache=True, max_cached_blocks=4)
+    first, second = toks(48, base=100), toks(48, base=500)
+    for seq, tokens in ((0, first), (1, second)):
+        assert kv.admit(tokens, 512) is not None
+        kv.commit(seq, tokens, 48)
+    kv.free(0, num_computed=48)
+    kv.drain_ops()
+    kv.free(1, num_computed=48)
+    # 6 cached > 4: seq 0's two deepest blocks go, in one cut; its first block stays.
+    assert kv.drain_ops() == [Truncate(seq=1, start=48), Truncate(seq=0, start=16)]
+    assert kv.table(0) == [0] and kv.table(1) == [3, 4, 5]
+    assert kv.stats().cached_blocks == 4
+    kv.check_integrity()
+
+
 def test_evicting_a_shared_parent_truncates_every_holder() -> None:
     kv = make(num_blocks=6, num_seqs=4)
     p = toks(32)

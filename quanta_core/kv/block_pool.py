@@ -14,8 +14,10 @@ the same parents: tables grow by fresh blocks or by copying a holder's leading b
 from __future__ import annotations
 
 from collections import OrderedDict, deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import Enum
+from itertools import islice
 
 
 class KvIntegrityError(RuntimeError):
@@ -94,6 +96,10 @@ class BlockPool:
 
     def oldest_cached(self) -> Block:
         return self.blocks[next(iter(self.lru))]
+
+    def cached_oldest_first(self, n: int) -> Iterator[Block]:
+        """The ``n`` oldest cached blocks (fewer if fewer are cached), oldest first."""
+        return (self.blocks[i] for i in islice(self.lru, n))
 
     def check(self) -> None:
         """Raise ``KvIntegrityError`` unless every block sits in the queue its state says."""

@@ -336,12 +336,25 @@ class KvManager:
     def _trim_cache(self) -> None:
         limit = self.max_cached_blocks
         while limit is not None and self.pool.num_cached > limit:
-            self._evict_oldest_cached()
+            self._evict_oldest_cached(up_to=self.pool.num_cached - limit)
 
-    def _evict_oldest_cached(self) -> None:
+    def _evict_oldest_cached(self, up_to: int = 1) -> None:
+        """Evict the oldest cached block; with ``up_to`` > 1, also the next oldest while each
+        is the same holder's new tail: one truncation where block by block would do the same
+        (a trim takes a finished sequence's tail off, deepest first, block by block)."""
         block = self.pool.oldest_cached()
-        for holder in sorted(block.seqs):
-            self._truncate_holder(holder, block.depth)
+        if up_to == 1 or len(block.seqs) != 1:
+            for holder in sorted(block.seqs):
+                self._truncate_holder(holder, block.depth)
+            return
+        (holder,) = block.seqs
+        depth = block.depth
+        if depth == len(self._seqs[holder].table) - 1:
+            for b in self.pool.cached_oldest_first(up_to):
+                if b is not block and (b.depth != depth - 1 or b.seqs != {holder}):
+                    break
+                depth = b.depth
+        self._truncate_holder(holder, depth)
 
     def _truncate_holder(self, seq: int, n_blocks: int) -> None:
         st = self._seqs[seq]
