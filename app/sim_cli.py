@@ -5,6 +5,7 @@ quanta sim --workload bench/workloads/two_tenants.toml --policy vtc --out bench/
 quanta sim --trace bench/traces/azure_llm_2023_conv.csv --requests 10000 --rate-scale 0.05 \
     --length-scale 0.25 --policy fcfs
 quanta sim --workload w.toml --probe probe.json   # the machine as fast as the probe says
+quanta sim --workload w.toml --speed-profile steps.json   # as fast as a real run's steps were
 quanta bench compare bench/results/real.json bench/results/sim.json
 
 The scheduler is built from the server's settings by the server's own code
@@ -15,6 +16,8 @@ The scheduler is built from the server's settings by the server's own code
 machine runs the reference probe now than when the cost model was calibrated (this VM's
 speed drifts by ±30 % over minutes). ``--probe FILE`` takes F from a probe file
 (``quanta calibrate --probe-only --out FILE``) and the cost model's own probe time.
+``--speed-profile FILE`` (a ``quanta step-report --out`` file) times each step by the factor
+a real run's own steps had at the same time from the start (its ``speed_profile``).
 
 ``--server-cycle-ms A --server-token-ms B`` add the server's own time around every step
 (A per cycle, B per token handed to a stream; ``quanta_core.sim.server_cost``), which the
@@ -31,6 +34,7 @@ import platform
 from pathlib import Path
 from typing import Annotated, Any
 
+import msgspec
 import typer
 from pydantic import ValidationError
 from rich.console import Console
@@ -49,6 +53,7 @@ from quanta_core.scheduler import SchedulerConfig
 from quanta_core.sim.cost_model import CostModel
 from quanta_core.sim.run import SimOutcome, sim_engine_info, simulate
 from quanta_core.sim.server_cost import ServerCost
+from quanta_core.sim.step_trace import SpeedProfile
 from quanta_core.workload import (
     Endpoint,
     TenantSpec,
@@ -166,6 +171,15 @@ def resolve_speed(factor: float | None, probe: Path | None, model: CostModel) ->
     return {"factor": 1.0, "from": None}
 
 
+def load_speed_profile(path: Path) -> SpeedProfile:
+    """The ``speed_profile`` of a ``quanta step-report --out`` file."""
+    try:
+        doc = msgspec.json.decode(path.read_bytes())
+        return msgspec.convert(doc["speed_profile"], SpeedProfile)
+    except (OSError, KeyError, TypeError, msgspec.MsgspecError) as exc:
+        raise ValueError(f"{path}: no speed profile of a step report ({exc})") from None
+
+
 def sim(
     policy: Annotated[
         str | None, typer.Option(help="scheduling policy (default: the server's)")
@@ -196,6 +210,10 @@ def sim(
     probe: Annotated[
         Path | None,
         typer.Option(help="the speed factor from a `quanta calibrate --probe-only` file"),
+    ] = None,
+    speed_profile: Annotated[
+        Path | None,
+        typer.Option(help="each step x a real run's speed then (a `quanta step-report --out`)"),
     ] = None,
     server_cycle_ms: Annotated[
         float, typer.Option(min=0, help="the server's own time per step (ms)")
@@ -241,6 +259,17 @@ def sim(
         raise typer.Exit(code=2) from None
     try:
         speed = resolve_speed(speed_factor_, probe, model)
+        profile = None
+        if speed_profile is not None:
+            if speed["from"] is not None:
+                raise ValueError("give --speed-profile or a speed factor, not both")
+            profile = load_speed_profile(speed_profile)
+            speed = {
+                "factor": 1.0,
+                "from": str(speed_profile),
+                "bin_s": profile.bin_s,
+                "profile": list(profile.factors),
+            }
         timed = model.scaled(speed["factor"]) if speed["factor"] != 1.0 else model
     except ValueError as exc:
         console.print(f"[red]speed factor: {exc}")
@@ -258,7 +287,7 @@ def sim(
         console.print(f"[red]settings: {exc}")
         raise typer.Exit(code=2) from None
     server = ServerCost(server_cycle_ms / 1e3, server_token_ms / 1e3)
-    outcome = simulate(spec, plan, config, info, timed, server)
+    outcome = simulate(spec, plan, config, info, timed, server, profile)
     name = label or f"{spec.name}-sim-{config.policy.value}"
     out = out or Path("bench/results") / f"{name}.json"
     summary = summarize(outcome.records, spec.targets, window_s=spec.window_s)

@@ -12,6 +12,9 @@ And the machine as the run saw it (``in_run``): the speed factor that makes the 
 over all the run's steps equal the engine's, and the server's time per cycle. A simulation
 given those is told how fast the engine really was, CPU contention from the server and the
 client included; what it still misses is the scheduling, the model's shape and the timing.
+And the same speed per 10 s of the run (``speed_profile``): this VM's speed drifts within a
+run, and a simulation given one factor runs the fast minutes too slowly and the slow ones too
+fast.
 """
 
 from __future__ import annotations
@@ -27,7 +30,13 @@ from rich.table import Table
 
 from app.sim_cli import CostModelMissing, default_cost_model_path, resolve_speed
 from quanta_core.sim.cost_model import CostModel
-from quanta_core.sim.step_trace import TraceRow, compare_trace, in_run, read_trace
+from quanta_core.sim.step_trace import (
+    TraceRow,
+    compare_trace,
+    in_run,
+    read_trace,
+    speed_profile,
+)
 
 
 def step_report(
@@ -52,6 +61,7 @@ def step_report(
         with trace.open() as f:
             records = read_trace(f)
         rows, overall = compare_trace(records, model.predict, speed["factor"])
+        profile = speed_profile(records, model.predict)
     except (CostModelMissing, ValueError, OSError) as exc:
         console.print(f"[red]step-report: {exc}")
         raise typer.Exit(code=2) from None
@@ -61,6 +71,9 @@ def step_report(
         f"as the run saw the machine: quanta sim --speed-factor {machine.speed_factor:.3f} "
         f"--server-cycle-ms {machine.server_cycle_s * 1e3:.2f}"
     )
+    console.print(
+        f"its speed per {profile.bin_s:g} s: " + " ".join(f"{x:.2f}" for x in profile.factors)
+    )
     if out is not None:
         doc = {
             "trace": str(trace),
@@ -68,6 +81,7 @@ def step_report(
             "rows": [_as_dict(r) for r in rows],
             "all": _as_dict(overall),
             "in_run": machine._asdict(),
+            "speed_profile": msgspec.structs.asdict(profile),
         }
         out.write_text(json.dumps(doc, indent=2) + "\n")
         console.print(f"written to {out}")

@@ -24,7 +24,8 @@
 # `quanta step-report` compares its engine steps with the cost model at the run's speed factor
 # ($OUT/steps-<policy>-<load>.json): the engine's error apart from the server's time. A second
 # simulation ($OUT/sim-inrun-<policy>-<load>.json) is given the machine as that trace saw it:
-# the speed factor that makes the model's time over the run's steps the engine's, and the
+# per 10 s of the run, the speed factor that makes the model's time over those steps the
+# engine's (`quanta sim --speed-profile`: the VM's speed drifts within a run too), and the
 # server's time per cycle; what it misses then is the simulator's, not the machine's drift.
 # Run it on a quiet machine: nothing else should use the CPU while it measures.
 #
@@ -121,10 +122,9 @@ speed_factor_of() {  # $1 a probe pair's file
     "$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["speed_factor"])' "$1"
 }
 
-in_run_of() {  # $1 a step report: its in-run speed factor and server ms per cycle
+server_cycle_ms_of() {  # $1 a step report: the server's ms per cycle
     "$PY" -c 'import json, sys
-m = json.load(open(sys.argv[1]))["in_run"]
-print(m["speed_factor"], 1e3 * m["server_cycle_s"])' "$1"
+print(1e3 * json.load(open(sys.argv[1]))["in_run"]["server_cycle_s"])' "$1"
 }
 
 real() {  # $1 policy, $2 load name, $3 workload file
@@ -175,10 +175,10 @@ for load in $LOADS; do
             "$QUANTA" bench compare "$OUT/real-$policy-$name.json" "$OUT/sim-$policy-$name.json"
         fi
         if [[ -f "$OUT/steps-$policy-$name.json" ]]; then
-            read -r RUN_SPEED RUN_CYCLE_MS < <(in_run_of "$OUT/steps-$policy-$name.json")
+            report="$OUT/steps-$policy-$name.json"
             echo "=== simulated: $policy at $name as the run saw the machine ===" >&2
             "$QUANTA" sim --workload "$file" --policy "$policy" "${COST_FLAG[@]}" \
-                --speed-factor "$RUN_SPEED" --server-cycle-ms "$RUN_CYCLE_MS" \
+                --speed-profile "$report" --server-cycle-ms "$(server_cycle_ms_of "$report")" \
                 --out "$OUT/sim-inrun-$policy-$name.json" --label "sim-inrun-$policy-$name" \
                 >/dev/null
         fi

@@ -4,6 +4,9 @@ For every ``real-<policy>-<load>.json`` in the directory with a ``sim-<policy>-<
 beside it: throughput (output tokens/s), mean and p99 TTFT, mean inter-token latency, real vs
 simulated, and the relative error (sim - real) / real. Targets (issue 8): 10 % on means and
 throughput, 20 % on p99. Writes ``fidelity.json`` and ``fidelity.md`` (README-ready markdown).
+The figures are summarized again from each file's requests by today's code, so that files
+written by different versions compare alike: the real runs of 2026-11-30 were summarized by an
+HDR histogram (the p99 of 60 TTFTs was the 59th, rounded), today's by nearest rank (the 60th).
 
 Each row also shows the speed factor the simulation ran with (``quanta sim --speed-factor``):
 from ``probe-<policy>-<load>.json`` (the reference probe right before and right after the
@@ -11,7 +14,8 @@ real run: their mean, and each), else from the simulation's own results file.
 
 A second table, where there are ``sim-inrun-<policy>-<load>.json`` files: simulations given the
 machine as the real run's own step trace saw it (``steps-<policy>-<load>.json``, written by
-``quanta step-report``): what the simulator misses when the engine's speed is known. A third,
+``quanta step-report``): what the simulator misses when the engine's speed over the run is
+known (its speed per 10 s: ``quanta sim --speed-profile``; the column shows its range). A third,
 where there are ``sim-cross-<policy>-<load>.json`` files (``scripts/fidelity_cross.py``): the
 same, with a cost model fitted from the other runs' served steps.
 
@@ -25,6 +29,9 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from app.bench.report import records_of
+from quanta_core.metrics import summarize
 
 # (name, path in the overall summary, target relative error)
 FIGURES: tuple[tuple[str, tuple[str, ...], float], ...] = (
@@ -42,11 +49,17 @@ def _get(summary: dict[str, Any], path: tuple[str, ...]) -> float | None:
     return None if value is None else float(value)
 
 
+def overall(result: dict[str, Any]) -> dict[str, Any]:
+    """The run's overall figures, from its requests (the same code for every file)."""
+    return summarize(records_of(result)).overall.as_dict()
+
+
 def compare(real: dict[str, Any], sim: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
+    real_figures, sim_figures = overall(real), overall(sim)
     for name, path, target in FIGURES:
-        a = _get(real["summary"]["overall"], path)
-        b = _get(sim["summary"]["overall"], path)
+        a = _get(real_figures, path)
+        b = _get(sim_figures, path)
         error = None if a is None or b is None or a == 0 else (b - a) / a
         ok = None if error is None else abs(error) <= target
         out[name] = {"real": a, "sim": b, "error": error, "target": target, "within": ok}
@@ -67,12 +80,16 @@ def used_speed(folder: Path, key: str, sim: dict[str, Any]) -> dict[str, Any] | 
     """The speed factor the simulation ran with, from its results file."""
     used = sim.get("environment", {}).get("speed_factor") or {}
     factor = used.get("factor")
-    return None if factor is None else {"factor": factor, "before": None, "after": None}
+    if factor is None:
+        return None
+    return {"factor": factor, "before": None, "after": None, "profile": used.get("profile")}
 
 
 def _speed_cell(s: dict[str, Any] | None) -> str:
     if s is None:
         return "–"
+    if s.get("profile"):
+        return f"{min(s['profile']):.2f}-{max(s['profile']):.2f}"
     if s["before"] is None:
         return f"{s['factor']:.2f}"
     return f"{s['factor']:.2f} ({s['before']:.2f} / {s['after']:.2f})"
@@ -83,7 +100,8 @@ PROBE_NOTE = (
 )
 IN_RUN_NOTE = (
     "speed factor: the real run's own engine time over the cost model's for its steps "
-    "(its step trace), and the server's time per cycle from the same trace"
+    "(its step trace), per 10 s of the run where a range is shown, and the server's time per "
+    "cycle from the same trace"
 )
 CROSS_NOTE = (
     "cost model: fitted from the served steps of the other eight runs; speed factor and "

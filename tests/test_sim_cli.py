@@ -133,12 +133,27 @@ def test_probe_file_gives_the_speed_factor(tmp_path: Path, cost_model: Path) -> 
     assert speed == {"factor": pytest.approx(1.25), "from": str(probe), "probe_s": 2.5}
 
 
+def test_a_speed_profile_times_every_step_by_the_runs_speed_then(
+    tmp_path: Path, cost_model: Path
+) -> None:
+    report = tmp_path / "steps.json"  # as `quanta step-report --out` writes it
+    report.write_text(json.dumps({"speed_profile": {"bin_s": 1000.0, "factors": [1.5]}}))
+    base = _sim(cost_model, tmp_path / "base.json")
+    slow = _sim(cost_model, tmp_path / "slow.json", "--speed-profile", str(report))
+    got, want = (r["summary"]["overall"]["e2e"]["mean_ms"] for r in (slow, base))
+    assert got == pytest.approx(1.5 * want)  # the whole run in the first bin
+    speed = slow["environment"]["speed_factor"]
+    assert speed == {"factor": 1.0, "from": str(report), "bin_s": 1000.0, "profile": [1.5]}
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
         (["--speed-factor", "0"], "above 0"),
         (["--speed-factor", "2", "--probe", "p.json"], "not both"),
         (["--probe", "absent.json"], "cannot read probe file"),
+        (["--speed-factor", "2", "--speed-profile", "s.json"], "not both"),
+        (["--speed-profile", "absent.json"], "no speed profile"),
     ],
 )
 def test_bad_speed_factors_say_why(cost_model: Path, extra: list[str], message: str) -> None:

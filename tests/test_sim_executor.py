@@ -14,6 +14,7 @@ from quanta_core.scheduler import Scheduler, SchedulerConfig
 from quanta_core.scheduler.config import PolicyName
 from quanta_core.sim.cost_model import CostModel, StepFeatures
 from quanta_core.sim.executor import SimExecutor
+from quanta_core.sim.step_trace import SpeedProfile
 
 MODEL = CostModel(per_pass=0.01, per_decode=0.002, per_prefill=0.003, per_batch_kv=0.5)
 
@@ -130,3 +131,15 @@ def test_the_scheduler_decides_the_same_under_the_fake_and_the_simulated_executo
     assert len(fake_finishes) == 18
     assert sim_shapes == fake_shapes
     assert sim_finishes == fake_finishes
+
+
+def test_a_speed_profile_times_each_step_by_the_factor_at_its_virtual_start() -> None:
+    clock = VirtualClock()
+    profile = SpeedProfile(bin_s=10.0, factors=(0.5, 2.0))
+    ex = SimExecutor(FakeExecutor().info, MODEL, lambda: profile.at(clock.now()))
+    prefill = StepPlan(slices=(SeqSlice(0, tuple(range(10, 20)), 0, sample=True, owner="a"),))
+    alone = _sim().step(prefill).timings.total_s
+    assert ex.step(prefill).timings.total_s == pytest.approx(0.5 * alone)
+    clock.advance_to(12.0)
+    decode = StepPlan(slices=(SeqSlice(0, (1,), 10, sample=True, owner="a"),))
+    assert ex.step(decode).timings.total_s == pytest.approx(2.0 * (0.01 + 0.002 + 0.5 * 11e-6))

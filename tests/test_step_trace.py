@@ -14,7 +14,14 @@ from quanta_core.engine.fake import FakeExecutor
 from quanta_core.engine.types import SeqSlice, Stash, StepPlan
 from quanta_core.sim.cost_model import CostModel, StepFeatures, features_of
 from quanta_core.sim.executor import SimExecutor
-from quanta_core.sim.step_trace import StepRecord, StepTracer, compare_trace, in_run, read_trace
+from quanta_core.sim.step_trace import (
+    StepRecord,
+    StepTracer,
+    compare_trace,
+    in_run,
+    read_trace,
+    speed_profile,
+)
 from scripts.fidelity_cross import cross_model
 
 MODEL = CostModel(per_pass=0.01, per_decode=0.002, per_prefill=0.003)
@@ -108,6 +115,28 @@ def test_steps_are_grouped_by_kind_and_batch_and_compared_with_the_prediction() 
         compare_trace(records[-1:], MODEL.predict)
 
 
+def test_the_speed_profile_is_the_engines_time_over_the_models_per_bin_of_the_run() -> None:
+    decode, prefill = (1, 1, 0, 0.1, 0.0, 0.1), (1, 0, 16, 0.136, 0.0, 0.016)
+
+    def step(t: float, f: tuple[float, ...], speed: float) -> StepRecord:
+        engine = speed * MODEL.predict(StepFeatures(*f))  # type: ignore[arg-type]
+        return StepRecord(start=100.0 + t, gap=0.001, engine=engine, total=engine, kv_ops=0, f=f)
+
+    # 10 s at 0.8 (a prefill among the decodes), 10 s at 1.2, 10 s idle, 5 s at 1.5
+    records = [step(t, decode, 0.8) for t in range(10)] + [step(4.5, prefill, 0.8)]
+    records += [step(t, decode, 1.2) for t in range(10, 20)]
+    records.append(StepRecord(start=125.0, gap=5.0, engine=1.0, total=1.0, kv_ops=1, f=()))
+    records += [step(t, decode, 1.5) for t in range(30, 35)]
+    profile = speed_profile(records, MODEL.predict, bin_s=10.0)
+    run = (0.8 * (10 * 0.012 + 0.058) + 1.2 * 10 * 0.012 + 1.5 * 5 * 0.012) / (25 * 0.012 + 0.058)
+    assert profile.factors == pytest.approx((0.8, 1.2, run, 1.5))  # idle: the run's factor
+    assert [profile.at(t) for t in (-1.0, 9.99, 10.0, 34.0, 99.0)] == pytest.approx(
+        [0.8, 0.8, 1.2, 1.5, 1.5]
+    )
+    with pytest.raises(ValueError, match="no step"):
+        speed_profile(records[21:22], MODEL.predict)  # only freed a sequence
+
+
 def test_step_report_prints_and_writes_the_comparison(tmp_path: Path) -> None:
     model_path = tmp_path / "tiny__machine.json"
     MODEL.save(model_path)
@@ -127,6 +156,7 @@ def test_step_report_prints_and_writes_the_comparison(tmp_path: Path) -> None:
     assert [(r["kind"], r["steps"]) for r in doc["rows"]] == [("decode", 1), ("prefill", 1)]
     assert doc["all"]["error_pct"] == pytest.approx(100.0)  # the same model, twice as slow
     assert doc["in_run"]["speed_factor"] == pytest.approx(1.0)  # the engine was the model
+    assert doc["speed_profile"]["factors"] == [pytest.approx(1.0)]
     missing = CliRunner().invoke(
         cli, ["step-report", str(tmp_path / "none.jsonl"), "--cost-model", str(model_path)]
     )

@@ -2,7 +2,10 @@
 from the cost model, and the "sampled" tokens are cheap and deterministic.
 
     plan ─▶ KvMirror (invalid: EngineInputError, nothing changed)
-         ─▶ features_of(plan, state before it) ─▶ cost_model.predict ─▶ timings.total_s
+         ─▶ features_of(plan, state before it) ─▶ cost_model.predict (x speed()) ─▶ total_s
+
+``speed``, if given, is the machine's speed at the step (a multiplier read at each step): a
+real run's speed over time (``quanta sim --speed-profile``).
 
 The executor does not move the clock: the event loop puts the step's end at
 ``now + total_s``. Token ``k`` of a request is a function of its owner and ``k`` only, so a
@@ -13,6 +16,7 @@ an end-of-generation token (workloads fix output lengths with ``max_tokens``).
 from __future__ import annotations
 
 import zlib
+from collections.abc import Callable
 
 from quanta_core.engine.kv_mirror import KvMirror
 from quanta_core.engine.types import (
@@ -32,9 +36,12 @@ _MIX = 2654435761  # Knuth's multiplicative hash: spreads k over 32 bits
 
 
 class SimExecutor:
-    def __init__(self, info: EngineInfo, cost_model: CostModel) -> None:
+    def __init__(
+        self, info: EngineInfo, cost_model: CostModel, speed: Callable[[], float] | None = None
+    ) -> None:
         self._info = info
         self.cost_model = cost_model
+        self._speed = speed
         self._mirror = KvMirror.for_engine(info)
         # Prompts were checked at submit and every sampled token is in range (see _sample).
         self._mirror.check_token_ids = False
@@ -67,6 +74,8 @@ class SimExecutor:
             [SeqOutput(s.seq, sample(s.owner, len(s.replay))) for s in plan.slices if s.sample]
         )
         seconds = self.cost_model.predict(features)
+        if self._speed is not None:
+            seconds *= self._speed()
         self.steps += 1
         self.busy_s += seconds
         return StepResult(

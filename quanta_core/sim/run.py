@@ -37,6 +37,7 @@ from quanta_core.sim.executor import SimExecutor
 from quanta_core.sim.loop import SimLoop
 from quanta_core.sim.prompts import prompt_ids
 from quanta_core.sim.server_cost import ServerCost
+from quanta_core.sim.step_trace import SpeedProfile
 from quanta_core.workload import PlannedRequest, WorkloadSpec
 
 # The real engine's facts that a cost model file may not carry (SmolLM2-135M-Instruct,
@@ -96,12 +97,15 @@ def simulate(
     engine: EngineInfo,
     cost_model: CostModel,
     server: ServerCost | None = None,
+    speed: SpeedProfile | None = None,
 ) -> SimOutcome:
     """Run ``plan`` through the scheduler on the virtual clock; ``server``: the server's own
-    time per cycle (none: the engine alone)."""
+    time per cycle (none: the engine alone); ``speed``: every step x the machine's speed at
+    its start (none: as ``cost_model`` says)."""
     clock = VirtualClock()
     scheduler = Scheduler(config, engine, clock, token_events=False)  # results carry them
-    executor = SimExecutor(engine, cost_model)
+    speed_now = None if speed is None else lambda: speed.at(clock.now())
+    executor = SimExecutor(engine, cost_model, speed_now)
     client = _Client(spec, plan, engine.n_vocab)
     loop = SimLoop(scheduler, executor, clock, client.on_finished, server)
     client.loop = loop
