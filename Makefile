@@ -1,7 +1,8 @@
 # Two commands do all the set-up on a fresh machine:
 #   make run   — install into .venv and serve the embedded default model
 #   make test  — install into .venv and run the tests
-PYTHON ?= python3
+# The distribution's Python 3.11+ if there is one (an optimized build: see the script).
+PYTHON ?= $(shell sh scripts/venv_python.sh)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
