@@ -93,8 +93,9 @@ class Settings(BaseSettings):
     max_running: int = Field(default=16, ge=1, description="choices running at once")
     block_size: int = Field(default=16, ge=1, description="tokens per KV block")
     prefix_cache: bool = Field(default=True, description="share cached prompt prefixes")
+    # Every cached cell costs every step (llama.cpp's one KV buffer: README, this setting).
     prefix_cache_tokens: int | None = Field(
-        default=2048,
+        default=512,
         ge=0,
         description="cached prefix tokens kept beyond the running requests' (None: no limit)",
     )
