@@ -25,6 +25,15 @@ def run_to(kv: KvManager, seq: int, tokens: list[int]) -> None:
     kv.check_integrity()
 
 
+def computed_pair(kv: KvManager, n: int) -> tuple[list[int], list[int]]:
+    """Sequences 0 and 1 admitted with distinct ``n``-token prompts, all computed."""
+    first, second = toks(n, base=100), toks(n, base=500)
+    for seq, tokens in ((0, first), (1, second)):
+        assert kv.admit(tokens, 512) is not None
+        kv.commit(seq, tokens, n)
+    return first, second
+
+
 def test_admit_takes_lowest_blocks_and_seq() -> None:
     kv = make()
     adm = kv.admit(toks(40), budget=512)
@@ -135,10 +144,7 @@ def test_lru_eviction_order_and_truncate_ops() -> None:
 def test_a_cache_limit_evicts_the_least_recently_used_at_once() -> None:
     # Room for 11 blocks, but at most 3 cached: cached cells cost the engine time each step.
     kv = KvManager(11, BS, 4, enable_prefix_cache=True, max_cached_blocks=3)
-    first, second = toks(32, base=100), toks(32, base=500)
-    for seq, tokens in ((0, first), (1, second)):
-        assert kv.admit(tokens, 512) is not None
-        kv.commit(seq, tokens, 32)
+    _, second = computed_pair(kv, 32)
     kv.free(0, num_computed=32)
     assert kv.stats().cached_blocks == 2 and kv.drain_ops() == [Truncate(seq=0, start=32)]
     kv.free(1, num_computed=32)
@@ -154,10 +160,7 @@ def test_a_cache_limit_evicts_the_least_recently_used_at_once() -> None:
 
 def test_a_cache_limit_cuts_a_holders_tail_once_and_stops_at_the_limit() -> None:
     kv = KvManager(11, BS, 4, enable_prefix_cache=True, max_cached_blocks=4)
-    first, second = toks(48, base=100), toks(48, base=500)
-    for seq, tokens in ((0, first), (1, second)):
-        assert kv.admit(tokens, 512) is not None
-        kv.commit(seq, tokens, 48)
+    computed_pair(kv, 48)
     kv.free(0, num_computed=48)
     kv.drain_ops()
     kv.free(1, num_computed=48)

@@ -343,7 +343,7 @@ class KvManager:
         is the same holder's new tail: one truncation where block by block would do the same
         (a trim takes a finished sequence's tail off, deepest first, block by block)."""
         block = self.pool.oldest_cached()
-        if up_to == 1 or len(block.seqs) != 1:
+        if len(block.seqs) != 1:
             for holder in sorted(block.seqs):
                 self._truncate_holder(holder, block.depth)
             return
