@@ -5,11 +5,19 @@ For each batch size B: B streaming completions at once through a real ``quanta r
 decoding; and the engine alone (a worker of its own, no server, no scheduler) decoding B
 sequences from the same prompt for as many steps, tokens/s over the whole run (a mean, as the
 HTTP figure is); both first decode one sequence alone for as long (the HTTP side's warm-up
-request). The two alternate, ROUNDS times each, in the order A B B A A B … (this machine slows
-down over minutes of load: neither side always runs second), and the medians are compared,
-so a slow spell of the machine hits both. Target: HTTP at least 90% of the engine alone. Writes
+request). Target: HTTP at least 90% of the engine alone. Writes
 ``bench/results/http_overhead.json``, with the server's own time per step fitted from the
 differences (``server_cost``: per cycle + per stream, for ``quanta sim``).
+
+Two servers answer: one that keeps no prefix cache beyond its running requests
+(``QUANTA_PREFIX_CACHE_TOKENS=0``), whose engine does the same work as the engine alone, so
+the difference is the server's own (HTTP, scheduler, process boundary; the target and
+``server_cost`` are read from it); and one as configured by default, whose finished
+requests' cells stay in the engine's buffer for later prefix hits. Those cells cost every
+step (llama.cpp attends over its whole buffer in use: ``scripts/bench_cached_cells.py``), and
+nothing here hits them: the default's row shows the price of the cache when it does not pay.
+The three sides alternate, ROUNDS times each, the order reversed every other round (this
+machine slows down over minutes of load: no side always runs last), and medians are compared.
 
 The client runs on the same 2 cores as the server. Its own CPU time (reading SSE) is not the
 server's overhead, so it runs at the lowest priority (nice 19): it reads what the server sent
@@ -45,6 +53,8 @@ from tests.server_process import ServerProcess, start_server
 PROMPT = "Write a long story about a lighthouse keeper and the sea."
 ANSWER_TOKENS = 160
 ROUNDS = 3
+PATH = "no_cache"  # the server whose engine does the engine alone's work
+DEFAULT = "default_cache"
 
 
 async def stream_one(client: httpx.AsyncClient, model: str, index: int) -> tuple[list[float], int]:
@@ -117,32 +127,35 @@ def decode(executor: LlamaCppExecutor, prompt: list[int], batch: int) -> float:
 
 
 def measure(
-    server: ServerProcess,
+    servers: dict[str, ServerProcess],
     name: str,
     executor: LlamaCppExecutor,
     prompt: list[int],
     batch: int,
     rounds: int,
 ) -> dict[str, Any]:
-    http: list[float] = []
-    alone: list[float] = []
+    """Rounds of the engine alone and of each server, in an order reversed every round."""
+    runs: dict[str, list[float]] = {"engine": [], **{side: [] for side in servers}}
     for i in range(rounds):
-        # A B B A ...: this machine slows down over minutes of load, and the alternating
-        # order lets neither side always run second.
-        sides = ("engine", "http") if i % 2 == 0 else ("http", "engine")
-        for side in sides:
+        for side in list(runs)[:: 1 if i % 2 == 0 else -1]:
             if side == "engine":
-                alone.append(engine_rate(executor, prompt, batch))
+                runs[side].append(engine_rate(executor, prompt, batch))
             else:
-                http.append(asyncio.run(http_rate(server.url, name, batch, server.api_key)))
-    return {
+                server = servers[side]
+                rate = asyncio.run(http_rate(server.url, name, batch, server.api_key))
+                runs[side].append(rate)
+    engine = statistics.median(runs["engine"])
+    row: dict[str, Any] = {
         "batch": batch,
-        "http_tokens_per_s": statistics.median(http),
-        "engine_tokens_per_s": statistics.median(alone),
-        "ratio_pct": 100 * statistics.median(http) / statistics.median(alone),
-        "http_rounds": http,
-        "engine_rounds": alone,
+        "engine_tokens_per_s": engine,
+        "engine_rounds": runs["engine"],
     }
+    for side in servers:
+        prefix = "http" if side == PATH else f"http_{side}"
+        row[f"{prefix}_tokens_per_s"] = statistics.median(runs[side])
+        row[f"{prefix}_ratio_pct"] = 100 * statistics.median(runs[side]) / engine
+        row[f"{prefix}_rounds"] = runs[side]
+    return row
 
 
 def server_cost(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -187,27 +200,44 @@ def main() -> None:
     batches = [int(b) for b in args.batches.split(",")]
     model = str(default_model_path())
     prompt = Tokenizer.load(model).encode(f"{PROMPT} (0)")
-    os.environ["QUANTA_MAX_RUNNING"] = str(max(batches))  # the server inherits it
-    server = start_server("--threads", str(args.threads))
+    os.environ["QUANTA_MAX_RUNNING"] = str(max(batches))  # the servers inherit it
+    os.environ.pop("QUANTA_PREFIX_CACHE_TOKENS", None)
+    servers = {
+        PATH: start_server("--threads", str(args.threads), env={"QUANTA_PREFIX_CACHE_TOKENS": "0"})
+    }
+    servers[DEFAULT] = start_server("--threads", str(args.threads))
     config = EngineConfig(model_path=model, n_ctx=8192, n_seq_max=64, threads=args.threads)
     try:
-        server.wait_ready()
-        models = httpx.get(f"{server.url}/v1/models", headers=server.auth).json()
+        for server in servers.values():
+            server.wait_ready()
+        path = servers[PATH]
+        models = httpx.get(f"{path.url}/v1/models", headers=path.auth).json()
         name = models["data"][0]["id"]
         with LlamaCppExecutor.start(config) as executor:
-            os.nice(args.client_nice)  # the client only (see above); the server started before
-            rows = [measure(server, name, executor, prompt, b, args.rounds) for b in batches]
+            os.nice(args.client_nice)  # the client only (see above); the servers started before
+            rows = [measure(servers, name, executor, prompt, b, args.rounds) for b in batches]
     finally:
-        server.stop()
+        for server in servers.values():
+            server.stop()
     table = Table(title="decode throughput: HTTP streaming vs the engine alone")
-    for col in ("batch", "HTTP tok/s", "engine tok/s", "HTTP / engine (target ≥ 90%)"):
+    columns = (
+        "batch",
+        "engine tok/s",
+        "HTTP tok/s",
+        "HTTP / engine (target ≥ 90%)",
+        "HTTP, default cache",
+        "/ engine",
+    )
+    for col in columns:
         table.add_column(col, justify="right")
     for r in rows:
         table.add_row(
             str(r["batch"]),
-            f"{r['http_tokens_per_s']:.0f}",
             f"{r['engine_tokens_per_s']:.0f}",
-            f"{r['ratio_pct']:.0f}%",
+            f"{r['http_tokens_per_s']:.0f}",
+            f"{r['http_ratio_pct']:.0f}%",
+            f"{r[f'http_{DEFAULT}_tokens_per_s']:.0f}",
+            f"{r[f'http_{DEFAULT}_ratio_pct']:.0f}%",
         )
     console.print(table)
     cost = server_cost(rows)

@@ -67,17 +67,21 @@ class ServerProcess:
         return self.process.wait(timeout_s)
 
 
-def start_server(*flags: str, db: TenancyDb | None = None) -> ServerProcess:
-    """``quanta run`` on a migrated database of its own with one tenant key (or on ``db``)."""
+def start_server(
+    *flags: str, db: TenancyDb | None = None, env: dict[str, str] | None = None
+) -> ServerProcess:
+    """``quanta run`` on a migrated database of its own with one tenant key (or on ``db``),
+    with ``env`` over this process's environment."""
     db = db or fresh_db()
     api_key = db.create_key(f"test-{uuid.uuid4().hex[:8]}")
     port = free_port()
-    env = {
+    environment = {
         **os.environ,
         "QUANTA_CONFIG": "/nonexistent/quanta.toml",
         "PYTHONPATH": str(ROOT),
         **db.env(),
+        **(env or {}),
     }
     command = [sys.executable, "-m", "app.cli", "run", "--port", str(port), *flags]
-    process = subprocess.Popen(command, cwd=ROOT, env=env)
+    process = subprocess.Popen(command, cwd=ROOT, env=environment)
     return ServerProcess(process, port, db, api_key)

@@ -59,6 +59,8 @@ class Driver:
         self._idle = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._engine_thread = ThreadPoolExecutor(1, thread_name_prefix="quanta-engine")
+        # Asked once: a runtime protocol check costs microseconds on every call.
+        self._from_loop = executor if isinstance(executor, SteppedFromLoop) else None
         self._stopping = False
         self._closing = False
         self._failure: str | None = None
@@ -69,8 +71,8 @@ class Driver:
         self._task = asyncio.create_task(self._run(), name="quanta-driver")
 
     async def _step(self, plan: StepPlan) -> StepResult:
-        if isinstance(self.executor, SteppedFromLoop):
-            return await self.executor.step_async(plan)
+        if self._from_loop is not None:
+            return await self._from_loop.step_async(plan)
         return await self._in_engine_thread(lambda: self.executor.step(plan))
 
     async def _in_engine_thread(self, call: Callable[[], T]) -> T:

@@ -61,6 +61,7 @@ class StepTracer:
         self._encoder = msgspec.json.Encoder()
         self._last_end: float | None = None
         self._mirror = KvMirror.for_engine(inner.info)
+        self._from_loop = inner if isinstance(inner, SteppedFromLoop) else None
 
     @property
     def info(self) -> EngineInfo:
@@ -79,8 +80,8 @@ class StepTracer:
         """As ``step``, for a driver on an event loop (see ``SteppedFromLoop``)."""
         features, start = self._before(plan)
         try:
-            if isinstance(self.inner, SteppedFromLoop):
-                result = await self.inner.step_async(plan)
+            if self._from_loop is not None:
+                result = await self._from_loop.step_async(plan)
             else:
                 result = await asyncio.to_thread(self.inner.step, plan)
         except EngineDied:
