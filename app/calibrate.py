@@ -209,6 +209,8 @@ _READING = {
     "per_kv_held": "per 1,000 KV cells held",
     "per_stash": "per stashed token",
     "per_restore": "per restored token",
+    "per_idle_kv": "per 1,000 KV cells held outside the batch",
+    "per_batch_idle": "per million (batch token, idle KV cell) pairs",
 }
 
 

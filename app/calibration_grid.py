@@ -11,6 +11,8 @@
     context C   sequence 0 holds C:   prefill chunks appended at C, stash + restore of C
                 sequences 0..B-1 hold C:   decode of all B,
                                            mixed = B decodes + one chunk of (budget - B) tokens
+                ... and the last sequence id holds I idle cells beside them: decode of all B
+                (what a prefix cache's holders cost the steps they are not in)
 
 Repeat-major and shuffled because this machine's speed drifts by ±30 % over minutes: run
 back to back, a point's repeats all see the same minute and the drift lines up with the
@@ -18,8 +20,9 @@ grid's axes (the small contexts fast, the large ones slow); spread over the whol
 calibration, each point's median sees its average. Restoring a point's sequences from host
 RAM costs ~0.1 ms a token (0.4 s for 4,096), filling them again ~6 ms a token.
 
-Only the point's own sequences hold KV while it runs: with ``kv_unified`` the fill steps
-measured slower beside other sequences' cells, so bystanders are stashed away.
+Only the point's own sequences hold KV while it runs (with ``kv_unified`` the fill steps
+measured slower beside other sequences' cells, so bystanders are stashed away), and the idle
+sequence where the point has one.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ class Point:
     batch: int
     context: int
     chunk: int = 0  # new prefill tokens: appended to sequence 0 (PREFILL) or a new one (MIXED)
+    idle: int = 0  # tokens a sequence outside the batch (the last id) holds meanwhile
 
     @property
     def label(self) -> str:
@@ -64,6 +68,8 @@ class Point:
                 return f"prefill {self.chunk} at {self.context}"
             case Kind.STASH:
                 return f"stash/restore {self.context}"
+            case Kind.DECODE if self.idle:
+                return f"decode {self.batch} at {self.context} beside {self.idle}"
             case Kind.DECODE:
                 return f"decode {self.batch} at {self.context}"
             case Kind.MIXED:
@@ -77,6 +83,8 @@ class GridSpec:
     prefill_starts: tuple[int, ...]
     prefill_chunks: tuple[int, ...]
     mixed_batches: tuple[int, ...]  # decodes beside one chunk of (token budget - batch)
+    idle_batches: tuple[int, ...]  # decodes at the smallest context beside idle cells ...
+    idle_cells: tuple[int, ...]  # ... of this many (a fill of its own each)
     max_held: int  # KV tokens a context's fill may reach: bounds the time spent filling
     repeats: int  # passes over the grid: each point's measured runs
     probe_every: int  # visits between reference probes; 0: at the start and the end only
@@ -90,6 +98,8 @@ FULL = GridSpec(
     prefill_starts=(0, 256, 1024, 2048),
     prefill_chunks=(16, 64, 256),
     mixed_batches=(2, 8, 32),
+    idle_batches=(1, 4, 16),
+    idle_cells=(512, 2048),
     max_held=4096,
     repeats=4,
     probe_every=40,  # about twice a pass: ~4 s every ~25 s
@@ -100,6 +110,8 @@ QUICK = GridSpec(
     prefill_starts=(0, 256),
     prefill_chunks=(16, 64),
     mixed_batches=(4,),
+    idle_batches=(4,),
+    idle_cells=(256,),
     max_held=512,
     repeats=3,  # the fewest whose median ignores one disturbed run
     probe_every=0,
@@ -130,7 +142,16 @@ def build_grid(
             for b in spec.mixed_batches
             if budget - b > 1 and b < n_seq_max and b * c <= room
         ]
-    return sorted(points, key=lambda p: (p.context, p.batch, _KIND_ORDER[p.kind]))
+    contexts = [c for c in spec.contexts if 0 < c <= room]
+    if contexts:
+        c = min(contexts)
+        points += [
+            Point(Kind.DECODE, b, c, idle=i)
+            for i in spec.idle_cells
+            for b in spec.idle_batches
+            if b < n_seq_max and b * c + i <= room
+        ]
+    return sorted(points, key=lambda p: (p.context, p.batch, _KIND_ORDER[p.kind], p.idle))
 
 
 def visit_order(points: Sequence[Point], repeats: int, seed: int = 0) -> list[Point]:
@@ -168,6 +189,8 @@ class GridRunner:
         self.samples: list[Sample] = []
         self.probes: list[ProbeResult] = []
         self._filled: dict[int, int] = {}  # context -> sequences 0..n-1 stashed at it
+        self._idle_seq = executor.info.n_seq_max - 1  # holds a point's idle cells
+        self._idle_filled: set[int] = set()  # idle sizes stashed from the idle sequence
         self._held: dict[int, int] = {}  # sequence -> the context it holds (restored)
         self._fills = 0
         self._t0 = time.perf_counter()
@@ -181,7 +204,7 @@ class GridRunner:
                 self._probe(watcher)
             if watcher is not None:
                 watcher.starting(p.label)
-            self.hold(p.batch, p.context)
+            self.hold(p.batch, p.context, p.idle)
             self.run_once(p, warmup=True)
             self.run_once(p, warmup=False)
             if watcher is not None:
@@ -196,6 +219,12 @@ class GridRunner:
             if p.context and p.batch > self._filled.get(p.context, 0):
                 need[p.context] = max(need.get(p.context, 0), p.batch)
         self.hold(0, 0)
+        for idle in sorted({p.idle for p in points if p.idle} - self._idle_filled):
+            if watcher is not None:
+                watcher.starting(f"fill idle {idle}")
+            self._fill(range(self._idle_seq, self._idle_seq + 1), idle)
+            self._untimed(StepPlan(kv_ops=(Stash(self._idle_seq, _key(idle, self._idle_seq)),)))
+            self._idle_filled.add(idle)
         for context, n in sorted(need.items()):
             if watcher is not None:
                 watcher.starting(f"fill {n} x {context}")
@@ -224,27 +253,33 @@ class GridRunner:
                 self._timed(f"stash {p.context}", StepPlan(kv_ops=(Stash(0, key),)), warmup)
                 self._timed(f"restore {p.context}", StepPlan(kv_ops=(Restore(0, key),)), warmup)
 
-    def hold(self, batch: int, context: int) -> None:
-        """Make sequences ``0..batch-1`` hold ``context`` tokens (restored from their fill's
-        stash), and nothing else be held (stashed back)."""
+    def hold(self, batch: int, context: int, idle: int = 0) -> None:
+        """Make sequences ``0..batch-1`` hold ``context`` tokens and the idle sequence ``idle``
+        (restored from their fill's stash), and nothing else be held (stashed back)."""
         want = dict.fromkeys(range(batch), context) if context else {}
         if context and batch > self._filled.get(context, 0):
             raise ValueError(f"{batch} sequences at {context} were not filled")
+        if idle:
+            if idle not in self._idle_filled:
+                raise ValueError(f"no idle sequence of {idle} tokens was filled")
+            want[self._idle_seq] = idle
         away = [s for s, c in self._held.items() if want.get(s) != c]
-        back = [s for s in want if self._held.get(s) != context]
+        back = [s for s in want if self._held.get(s) != want[s]]
         if away:
             self._untimed(StepPlan(kv_ops=tuple(Stash(s, _key(self._held[s], s)) for s in away)))
         if back:
-            self._untimed(StepPlan(kv_ops=tuple(Restore(s, _key(context, s)) for s in back)))
+            self._untimed(StepPlan(kv_ops=tuple(Restore(s, _key(want[s], s)) for s in back)))
         self._held = want
 
     def release(self) -> None:
         """Drop every held sequence, stash and sampler: the engine as it was found."""
         self.hold(0, 0)
         drops = tuple(DropStash(_key(c, s)) for c, n in self._filled.items() for s in range(n))
+        drops += tuple(DropStash(_key(i, self._idle_seq)) for i in self._idle_filled)
         owners = tuple(f"calibrate{s}" for s in range(self.ex.info.n_seq_max))
         self._untimed(StepPlan(kv_ops=drops, release=owners))
         self._filled = {}
+        self._idle_filled = set()
 
     def _probe(self, watcher: Watcher | None) -> None:
         if self.probe_every is None:

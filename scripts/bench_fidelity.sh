@@ -59,9 +59,6 @@ SKIP_REAL="${SKIP_REAL:-0}"
 URL="http://127.0.0.1:$PORT"
 export COLUMNS="${COLUMNS:-200}"
 export QUANTA_CONFIG=/nonexistent/quanta.toml  # the same (default) settings, real and simulated
-# The stored real runs (2026-11-30) kept 2,048 cached prefix tokens, the default then; a
-# simulation of them (SKIP_REAL=1) must keep as many. Drop this line when the runs are redone.
-export QUANTA_PREFIX_CACHE_TOKENS="${QUANTA_PREFIX_CACHE_TOKENS:-2048}"
 mkdir -p "$OUT"
 SERVER_COST="${SERVER_COST:-bench/results/http_overhead_local_client.json}"
 SERVER_FLAG=()

@@ -151,13 +151,19 @@ def test_runner_runs_the_full_grid_with_identical_repeats_and_leaves_the_engine_
 def test_only_the_points_own_sequences_hold_kv_while_it_runs() -> None:
     ex = FakeExecutor(n_ctx=8192, n_seq_max=64, n_batch=512)
     runner = GridRunner(ex)
-    points = [Point(Kind.DECODE, 4, 64), Point(Kind.PREFILL, 1, 256, 16), Point(Kind.DECODE, 2, 64)]
+    points = [
+        Point(Kind.DECODE, 4, 64),
+        Point(Kind.DECODE, 2, 64, idle=300),  # and the idle sequence, beside the batch
+        Point(Kind.PREFILL, 1, 256, 16),
+        Point(Kind.DECODE, 2, 64),
+    ]
     runner.run(points)
     timed = [s for s in runner.samples if not s.point.startswith("fill")]
-    assert [(s.point, s.kv_held) for s in timed] == [
-        *[("decode 4 at 64", 256)] * 2,
-        *[("prefill 16 at 256", 256)] * 2,
-        *[("decode 2 at 64", 128)] * 2,
+    assert [(s.point, s.kv_held, s.features.idle_k) for s in timed] == [
+        *[("decode 4 at 64", 256, 0.0)] * 2,
+        *[("decode 2 at 64 beside 300", 428, 0.3)] * 2,
+        *[("prefill 16 at 256", 256, 0.0)] * 2,
+        *[("decode 2 at 64", 128, 0.0)] * 2,
     ]
     assert ex.memory_stats().n_stashes == 0
 
@@ -205,8 +211,9 @@ def test_the_runner_probes_at_the_start_after_the_fills_every_n_visits_and_at_th
     # A probe between visits leaves the next point's sequences as they should be.
     for s in runner.samples:
         if s.point.startswith("decode"):
-            batch_cells = s.features.kv_held_k * 1000 - s.features.decode_tokens
-            assert s.kv_held == pytest.approx(batch_cells), s.point
+            f = s.features
+            cells = (f.kv_held_k + f.idle_k) * 1000 - f.decode_tokens
+            assert s.kv_held == pytest.approx(cells), s.point
     summary = probe.summarise(runner.probes)
     assert summary["work"] == probe.WORK
     assert len(summary["measurements"]) == expected

@@ -34,6 +34,8 @@ TRUE = CostModel(  # shaped like the refit of bench/results/calibration_samples.
     per_kv_held=0.017,
     per_stash=0.0001,
     per_restore=0.00008,
+    per_idle_kv=0.001,
+    per_batch_idle=0.2,
 )
 
 
@@ -55,6 +57,11 @@ def grid_features(with_stash: bool = True) -> list[StepFeatures]:
         if with_stash:
             out += [StepFeatures(stash_tokens=c), StepFeatures(restore_tokens=c)]
     out += [step(k, 0, 512, k * (512 // k) * (512 // k + 1) // 2, 512) for k in (2, 8)]
+    out += [  # decodes at 64 beside a prefix cache's idle cells
+        step(b, b, 0, b * 65, b * 65)._replace(idle_k=i / 1000, batch_idle_m=b * i / 1e6)
+        for i in (512, 2048)
+        for b in (1, 4, 16)
+    ]
     return out
 
 
@@ -84,6 +91,15 @@ def test_features_of_a_decode_batch() -> None:
         kv_held_k=0.015,
     )
     assert group_of(f) is Group.DECODE
+
+
+def test_features_of_count_the_cells_of_sequences_outside_the_batch_as_idle() -> None:
+    plan = StepPlan(slices=(SeqSlice(0, (5,), 10, True), SeqSlice(1, (6,), 3, True)))
+    f = features_of(plan, {0: 10, 1: 3, 5: 40, 7: 8}, {})  # 5 and 7: cache holders
+    assert f == features_of(plan, {0: 10, 1: 3}, {})._replace(idle_k=0.048, batch_idle_m=96e-6)
+    # a step that runs no token attends nothing: its stash costs what it costs
+    stash = features_of(StepPlan(kv_ops=(Stash(5, "k"),)), {0: 10, 5: 40}, {})
+    assert (stash.idle_k, stash.batch_idle_m, stash.stash_tokens) == (0.0, 0.0, 40)
 
 
 def test_features_of_a_prefill_chunk_counts_attention_inside_the_chunk() -> None:
@@ -152,8 +168,8 @@ def test_scaled_multiplies_every_prediction_and_records_the_factor() -> None:
 
 
 def test_cost_model_json_round_trip(tmp_path: Path) -> None:
-    model = CostModel(*(k / 1000 for k in range(1, 10)), meta={"machine": "m"})
-    assert tuple(model.coefficients().values()) == tuple(k / 1000 for k in range(1, 10))
+    model = CostModel(*(k / 1000 for k in range(1, 12)), meta={"machine": "m"})
+    assert tuple(model.coefficients().values()) == tuple(k / 1000 for k in range(1, 12))
     path = tmp_path / "sub" / "m.json"
     model.save(path)
     assert CostModel.load(path) == model
@@ -179,6 +195,14 @@ def test_cost_model_bad_file_says_what_is_wrong(tmp_path: Path, content: str, me
     path.write_text(content)
     with pytest.raises(ValueError, match=message):
         CostModel.load(path)
+
+
+def test_a_file_fitted_before_the_idle_terms_loads_them_as_zero() -> None:
+    doc = TRUE.to_json()
+    del doc["coefficients"]["per_idle_kv"], doc["coefficients"]["per_batch_idle"]
+    old = CostModel.from_json(doc)
+    assert (old.per_idle_kv, old.per_batch_idle) == (0.0, 0.0)
+    assert old.per_batch_kv == TRUE.per_batch_kv
 
 
 def test_missing_cost_model_file_is_a_clear_error(tmp_path: Path) -> None:

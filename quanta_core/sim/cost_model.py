@@ -8,6 +8,8 @@
            + per_batch_kv     * batch tokens * the batch's KV cells / 1e6
            + per_kv_held      * the batch's KV cells / 1000
            + per_stash * stashed tokens  + per_restore * restored tokens
+           + per_idle_kv      * idle KV cells / 1000
+           + per_batch_idle   * batch tokens * idle KV cells / 1e6
 
 What each term stands for on llama.cpp's CPU backend:
 
@@ -31,12 +33,18 @@ What each term stands for on llama.cpp's CPU backend:
                     (bench/results/engine.json).
   per_kv_held       the batch's cells once per step: the views and the mask over them.
   per_stash/restore a token's KV copied to host RAM and back (~22.5 KiB each).
+  per_idle_kv       the cells of sequences *not* in the batch (the prefix cache's holders),
+  per_batch_idle    per step and per batch token: llama.cpp spans its whole buffer in use,
+                    masking them. Cheaper per cell than the batch's own (their cells lie
+                    together, the batch's interleave), not free: beside 2,048 idle cells a
+                    decode of 1 sequence took 16 % longer, of 16 sequences 7 %
+                    (scripts/bench_cached_cells.py).
 
-"The batch's KV cells" are the cells its sequences hold once the batch is in. Cells of
-sequences *not* in the batch (the prefix cache's holders) are not counted: llama.cpp's CPU
-attention skips masked cells: measured, one stream decodes at 18.6 ms per token with up to
-~7,000 cached cells beside it (bench/results/fidelity/, sequential), as fast as alone. Every
-coefficient is in seconds, so the model reads as "a decode token costs 3 ms, ...".
+"The batch's KV cells" are the cells its sequences hold once the batch is in; "idle cells"
+those every other sequence holds before the step (a cached prefix shared with a running
+sequence is counted with both). Every coefficient is in seconds, so the model reads as "a
+decode token costs 3 ms, ...". A file without the idle terms (fitted before they existed)
+loads with them at 0.
 
 The file (``config/cost_models/<model>__<machine>.json``) is the coefficients plus how they
 were measured: the model file, the machine, the threads, the fit's error, and the reference
@@ -73,6 +81,8 @@ class StepFeatures(NamedTuple):
     kv_held_k: float = 0.0  # the KV cells of the batch's sequences once it is in, in thousands
     stash_tokens: int = 0
     restore_tokens: int = 0
+    idle_k: float = 0.0  # KV cells of the sequences outside the batch, in thousands
+    batch_idle_m: float = 0.0  # batch tokens x those cells, in millions
 
     def as_row(self) -> tuple[float, ...]:
         """The regressors in ``COEFFICIENTS`` order."""
@@ -87,6 +97,8 @@ class StepFeatures(NamedTuple):
             self.kv_held_k,
             float(self.stash_tokens),
             float(self.restore_tokens),
+            self.idle_k,
+            self.batch_idle_m,
         )
 
 
@@ -101,6 +113,8 @@ COEFFICIENTS = (
     "per_kv_held",
     "per_stash",
     "per_restore",
+    "per_idle_kv",
+    "per_batch_idle",
 )
 
 
@@ -116,12 +130,14 @@ def features_of(
     """Count ``plan``'s features. ``lengths`` (tokens each sequence holds) and
     ``stash_lengths`` (tokens each stash holds) are the state *before* the plan.
 
-    The batch's cells are each sliced sequence's length once its slice is in."""
+    The batch's cells are each sliced sequence's length once its slice is in; the idle cells
+    every other sequence's length before the plan (its ops are not followed: a step that
+    stashes or truncates a bystander is rare)."""
     stash = restore = 0
     if plan.kv_ops:  # most steps have none (the simulator counts every step)
         stash = sum(lengths.get(op.seq, 0) for op in plan.kv_ops if isinstance(op, Stash))
         restore = sum(stash_lengths.get(op.key, 0) for op in plan.kv_ops if isinstance(op, Restore))
-    decode = prefill = pairs = held = 0
+    decode = prefill = pairs = held = held_before = 0
     for s in plan.slices:
         n, start = len(s.tokens), s.start_pos
         if n == 1:
@@ -131,7 +147,9 @@ def features_of(
             prefill += n
             pairs += attended_pairs(start, n)
         held += start + n
+        held_before += lengths.get(s.seq, 0)
     batch = decode + prefill
+    idle = sum(lengths.values()) - held_before if batch else 0
     return StepFeatures(
         seqs=len(plan.slices),
         decode_tokens=decode,
@@ -141,6 +159,8 @@ def features_of(
         kv_held_k=held / 1000.0 if batch else 0.0,
         stash_tokens=stash,
         restore_tokens=restore,
+        idle_k=idle / 1000.0,
+        batch_idle_m=batch * idle / 1e6,
     )
 
 
@@ -155,6 +175,8 @@ class CostModel:
     per_kv_held: float = 0.0
     per_stash: float = 0.0
     per_restore: float = 0.0
+    per_idle_kv: float = 0.0
+    per_batch_idle: float = 0.0
     # How it was measured: model, machine, threads, grid, the fit's error. Free-form, kept.
     meta: Mapping[str, Any] = field(default_factory=dict)
 
@@ -171,6 +193,8 @@ class CostModel:
                 + self.per_attended * f.attended_k
                 + self.per_batch_kv * f.batch_kv_m
                 + self.per_kv_held * f.kv_held_k
+                + self.per_idle_kv * f.idle_k
+                + self.per_batch_idle * f.batch_idle_m
             )
         return max(0.0, seconds)
 
