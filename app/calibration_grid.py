@@ -130,7 +130,8 @@ def build_grid(
         for n in spec.prefill_chunks
         if start <= room and n <= n_batch
     ]
-    for c in (c for c in spec.contexts if 0 < c <= room):
+    contexts = [c for c in spec.contexts if 0 < c <= room]
+    for c in contexts:
         points.append(Point(Kind.STASH, 1, c))
         points += [
             Point(Kind.DECODE, b, c)
@@ -142,7 +143,6 @@ def build_grid(
             for b in spec.mixed_batches
             if budget - b > 1 and b < n_seq_max and b * c <= room
         ]
-    contexts = [c for c in spec.contexts if 0 < c <= room]
     if contexts:
         c = min(contexts)
         points += [
