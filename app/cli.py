@@ -12,6 +12,7 @@ from app.bench.cli import bench_cli
 from app.calibrate import calibrate
 from app.settings import Settings
 from app.sim_cli import sim
+from app.step_replay import step_replay
 from app.step_report import step_report
 from app.sweep import sweep
 from app.tenancy.cli import migrate, tenants_cli
@@ -24,6 +25,7 @@ cli.command()(calibrate)
 cli.command()(sim)
 cli.command()(sweep)
 cli.command(name="step-report")(step_report)
+cli.command(name="step-replay")(step_replay)
 
 
 @cli.command()

@@ -70,6 +70,14 @@ def test_every_step_is_recorded_with_its_features_times_and_the_gap_before_it() 
     assert records[0].engine == pytest.approx(MODEL.predict(records[0].features))
     assert [r.kv_ops for r in records] == [0, 0, 1]
     assert records[2].features.stash_tokens == 1  # the tracer knows what sequence 1 held
+    assert [r.plan for r in records] == [PREFILL, DECODE, StepPlan(kv_ops=(Stash(1, "k"),))]
+
+
+def test_a_trace_written_before_plans_were_recorded_still_reads() -> None:
+    line = '{"start":1.0,"gap":null,"engine":0.01,"total":0.011,"kv_ops":0,"f":[1,1,0]}\n'
+    (record,) = read_trace(io.StringIO(line))
+    assert record.plan is None
+    assert record.features.decode_tokens == 1
 
 
 def _record(f: tuple[float, ...], engine: float, gap: float | None, kv_ops: int = 0) -> StepRecord:

@@ -3,7 +3,9 @@
     executor = StepTracer(LlamaCppExecutor.start(config), clock, open("steps.jsonl", "w"))
 
 One JSON line per step: ``{"start": s, "gap": s, "engine": s, "total": s, "kv_ops": n,
-"f": [StepFeatures...]}``.
+"f": [StepFeatures...], "plan": StepPlan}``. The plan (its KV operations and slices, token
+ids and sampling included) lets ``quanta step-replay`` run the very same steps on the engine
+alone; a trace written before it was recorded has none.
 
     ┌─ gap ─┐┌────────── total ──────────┐┌─ gap ─┐
     ────────┤│ plan ─▶ worker ─▶ result   │├───────
@@ -45,6 +47,7 @@ class StepRecord(msgspec.Struct, frozen=True):
     total: float
     kv_ops: int
     f: tuple[float, ...]
+    plan: StepPlan | None = None
 
     @property
     def features(self) -> StepFeatures:
@@ -108,6 +111,7 @@ class StepTracer:
             total=end - start,
             kv_ops=len(plan.kv_ops),
             f=tuple(features),
+            plan=plan,
         )
         self._sink.write(self._encoder.encode(record).decode())
         self._sink.write("\n")
