@@ -39,6 +39,8 @@
 #   LOADS       name:requests_per_s pairs             [light:0.5 medium:0.8 heavy:1.2]
 #   REQUESTS    requests per run                      [60]
 #   SKIP_REAL   1: only simulate (reuse real-*.json)  [0]
+#   REPLAY      1: after each real run, its steps again on the engine alone    [0]
+#               (quanta step-replay: $OUT/replay-<policy>-<load>.json, served / alone)
 #   SERVER_COST the server's own time per step    [bench/results/http_overhead_local_client.json]
 #               (bench_http_overhead --client-nice 0: the client competes as here; none: 0)
 set -euo pipefail
@@ -56,6 +58,7 @@ POLICIES="${POLICIES:-sequential static fcfs}"
 LOADS="${LOADS:-light:0.5 medium:0.8 heavy:1.2}"
 REQUESTS="${REQUESTS:-60}"
 SKIP_REAL="${SKIP_REAL:-0}"
+REPLAY="${REPLAY:-0}"
 URL="http://127.0.0.1:$PORT"
 export COLUMNS="${COLUMNS:-200}"
 export QUANTA_CONFIG=/nonexistent/quanta.toml  # the same (default) settings, real and simulated
@@ -145,6 +148,12 @@ real() {  # $1 policy, $2 load name, $3 workload file
         --out "$OUT/real-$1-$2.json" --label "real-$1-$2" --quiet --no-plots \
         || echo "bench: real-$1-$2 had failed requests (see the table above)" >&2
     stop_quanta_server
+    if [[ "$REPLAY" == 1 ]]; then
+        echo "=== replayed on the engine alone: $1 at $2 ===" >&2
+        QUANTA_MODEL_PATH="$MODEL" QUANTA_THREADS="$THREADS" \
+            "$QUANTA" step-replay "$OUT/steps-$1-$2.jsonl" --out "$OUT/alone-$1-$2.jsonl" \
+            --report "$OUT/replay-$1-$2.json"
+    fi
     probe "$OUT/probe-$1-$2.after.json"
     probe_pair "$OUT/probe-$1-$2.before.json" "$OUT/probe-$1-$2.after.json" \
         "$OUT/probe-$1-$2.json"
