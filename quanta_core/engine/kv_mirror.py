@@ -86,21 +86,16 @@ class KvMirror:
         """
         for op in plan.kv_ops:
             self._apply_op(op)
-        slices = plan.slices
-        n_batch = sum(len(s.tokens) for s in slices)
-        if n_batch > self.n_batch:
-            raise EngineInputError(f"batch of {n_batch} tokens is over n_batch={self.n_batch}")
-        lengths, n_seq_max, n_ctx, n_vocab = self.lengths, self.n_seq_max, self.n_ctx, self.n_vocab
-        check_ids = self.check_token_ids
-        seen: set[int] = set()
-        ends: list[int] = []
-        for s in slices:
+        n_seq_max, n_ctx, n_vocab = self.n_seq_max, self.n_ctx, self.n_vocab
+        lengths, check_ids = self.lengths, self.check_token_ids
+        ends: dict[int, int] = {}  # seq -> its length once the batch is in
+        n_batch = 0
+        for s in plan.slices:
             seq, tokens, start = s.seq, s.tokens, s.start_pos
             if not 0 <= seq < n_seq_max:
                 self._check_seq(seq)
-            if seq in seen:
+            if seq in ends:
                 raise EngineInputError(f"sequence {seq} appears twice in one batch")
-            seen.add(seq)
             if not tokens:
                 raise EngineInputError(f"empty slice for sequence {seq}")
             end = start + len(tokens)
@@ -117,9 +112,11 @@ class KvMirror:
             if check_ids and (min(tokens) < 0 or max(tokens) >= n_vocab):
                 bad = [t for t in tokens if not 0 <= t < n_vocab]
                 raise EngineInputError(f"sequence {seq}: token ids out of range: {bad[:5]}")
-            ends.append(end)
-        for s, end in zip(slices, ends, strict=True):
-            lengths[s.seq] = end
+            ends[seq] = end
+            n_batch += end - start
+        if n_batch > self.n_batch:
+            raise EngineInputError(f"batch of {n_batch} tokens is over n_batch={self.n_batch}")
+        lengths.update(ends)
 
     def _apply_op(self, op: KvOp) -> None:
         match op:

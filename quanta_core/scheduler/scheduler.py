@@ -263,7 +263,7 @@ class Scheduler:
             if r.status is _RUNNING:
                 slices.append(self._slice(r, n, now))
                 budget -= n
-        if not preempted:
+        if not preempted and policy.waiting:  # most steps: nobody waits
             budget = self._admit(budget, limits.max_running, slices, now)
         for r in deferred:
             budget = self._run_deferred(r, budget, slices, now)
@@ -286,8 +286,6 @@ class Scheduler:
 
     def _admit(self, budget: int, max_running: int, slices: list[SeqSlice], now: float) -> int:
         waiting = self.policy.waiting
-        if not waiting:
-            return budget  # most steps
         skipped: list[Request] = []
         while budget > 0 and len(self._running) < max_running and self.kv.num_seqs_available > 0:
             r = waiting.peek()
@@ -423,9 +421,10 @@ class Scheduler:
             r.restored_key = None
             r.num_computed_tokens = end = s.start_pos + len(s.tokens)
             kv.commit(s.seq, r.tokens, end)
-            charged = r.charge_input(s.start_pos, end)
-            if charged:
-                policy.on_progress(r, charged, 0)
+            if r.charged_input < r.prompt_len:  # else all charged: a decode, the common case
+                charged = r.charge_input(s.start_pos, end)
+                if charged:
+                    policy.on_progress(r, charged, 0)
             if r.siblings_blocked and end >= r.prompt_len:
                 self._unblock_siblings(r)
             if not s.sample:

@@ -31,6 +31,7 @@ timing (the fake executor) teaches nothing and leaves the model at its prior.
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from collections import deque
 
 from quanta_core.scheduler.slo import SloConfig
@@ -79,6 +80,7 @@ class StepCostModel:
             self._b0[i] = self._a0[i][i] * self.prior_theta[i]
         self.theta: Vec = self.prior_theta
         self._ratios: deque[float] = deque(maxlen=config.step_window)
+        self._ranked: list[float] = []  # the same, sorted: the quantile without a sort per step
         self.margin = 1.0
 
     @staticmethod
@@ -103,7 +105,11 @@ class StepCostModel:
         if n_seqs < 1 or seconds <= 0:
             return
         x = _features(n_seqs, n_tokens)
-        self._ratios.append(seconds / max(self.mean(n_seqs, n_tokens), 1e-9))
+        ratio = seconds / max(self.mean(n_seqs, n_tokens), 1e-9)
+        if len(self._ratios) == self._ratios.maxlen:
+            del self._ranked[bisect_left(self._ranked, self._ratios[0])]  # the one that drops out
+        self._ratios.append(ratio)
+        insort(self._ranked, ratio)
         lam = self.forgetting
         for i in range(3):
             self._b[i] *= lam
@@ -121,7 +127,7 @@ class StepCostModel:
             # positive (a noisy window can tilt the plane), the intercept non-negative.
             base, seq, tok = theta
             self.theta = (max(base, 0.0), max(seq, 1e-6), max(tok, 1e-6))
-        ranked = sorted(self._ratios)
+        ranked = self._ranked
         k = min(int(self.quantile * len(ranked)), len(ranked) - 1)
         self.margin = max(ranked[k], 1.0)
 

@@ -48,8 +48,6 @@ class SimExecutor:
         self._samplers: dict[str, tuple[int, int]] = {}  # owner -> (seed, tokens sampled)
         self._eog = frozenset(info.eog_tokens)
         self._span = info.n_vocab - 1  # tokens 1 .. n_vocab - 1
-        self.steps = 0
-        self.busy_s = 0.0
 
     @property
     def info(self) -> EngineInfo:
@@ -58,15 +56,18 @@ class SimExecutor:
     def step(self, plan: StepPlan) -> StepResult:
         mirror = self._mirror
         features = features_of(plan, mirror.lengths, mirror.stash_lengths)
-        self._advance(plan)
+        # Move the mirror past the plan: an invalid plan raises and changes nothing.
         stashed: tuple[StashInfo, ...] = ()
         if plan.kv_ops:
+            mirror.adopt(mirror.after(plan))  # ops may touch any sequence or stash: on a copy
             per_token = self._info.kv_bytes_per_token
             stashed = tuple(
                 StashInfo(op.key, mirror.stash_lengths[op.key] * per_token)
                 for op in plan.kv_ops
                 if type(op) is Stash and op.key in mirror.stash_lengths
             )
+        else:
+            mirror.apply(plan)  # most steps: slices only, checked in full before applied
         for owner in plan.release:
             self._samplers.pop(owner, None)
         sample = self._sample
@@ -76,21 +77,11 @@ class SimExecutor:
         seconds = self.cost_model.predict(features)
         if self._speed is not None:
             seconds *= self._speed()
-        self.steps += 1
-        self.busy_s += seconds
         return StepResult(
             outputs=outputs,
             stashed=stashed,
             timings=StepTimings(engine_s=seconds, total_s=seconds),
         )
-
-    def _advance(self, plan: StepPlan) -> None:
-        """Move the mirror past ``plan``: an invalid plan raises and changes nothing."""
-        mirror = self._mirror
-        if plan.kv_ops:
-            mirror.adopt(mirror.after(plan))  # ops may touch any sequence or stash: on a copy
-        else:
-            mirror.apply(plan)  # most steps: slices only, checked in full before applied
 
     def _sample(self, owner: str, replayed: int) -> int:
         state = self._samplers.get(owner)

@@ -112,8 +112,9 @@ class SimLoop:
             return None
         if plan.slices:
             self.steps += 1
-        self.busy_s += result.timings.total_s
-        return now + result.timings.total_s + self.server.seconds(plan), plan, result
+        seconds = result.timings.total_s
+        self.busy_s += seconds
+        return now + seconds + self.server.seconds(plan), plan, result
 
     def _step_done(self, plan: StepPlan, result: StepResult, now: float) -> _Step | None:
         """Take in a step's result; the next step, if it starts at once."""
