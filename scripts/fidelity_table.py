@@ -17,7 +17,10 @@ machine as the real run's own step trace saw it (``steps-<policy>-<load>.json``,
 ``quanta step-report``): what the simulator misses when the engine's speed over the run is
 known (its speed per 10 s: ``quanta sim --speed-profile``; the column shows its range). A third,
 where there are ``sim-cross-<policy>-<load>.json`` files (``scripts/fidelity_cross.py``): the
-same, with a cost model fitted from the other runs' served steps.
+same, with a cost model fitted from the other runs' served steps. A fourth, where there are
+``sim-replay-<policy>-<load>.json`` files (``scripts/fidelity_replay.py``): nothing from the run
+itself, a cost model fitted from the engine alone replaying the other runs' steps and the speed
+from the reference probe.
 
     .venv/bin/python -m scripts.fidelity_table bench/results/fidelity
 """
@@ -107,6 +110,11 @@ CROSS_NOTE = (
     "cost model: fitted from the served steps of the other eight runs; speed factor and "
     "server time as in the table above, against that model"
 )
+REPLAY_NOTE = (
+    "cost model: fitted from the engine alone replaying the other eight runs' steps (each at "
+    "its probe's speed); speed factor: the run's probe × the served / alone ratio of the other "
+    "runs of its policy; server time per cycle: theirs"
+)
 SpeedOf = Callable[[Path, str, dict[str, Any]], dict[str, Any] | None]
 TABLES: tuple[tuple[str, SpeedOf, str, str], ...] = (
     ("sim", speed, "The speed from the reference probe before and after the run", PROBE_NOTE),
@@ -116,6 +124,13 @@ TABLES: tuple[tuple[str, SpeedOf, str, str], ...] = (
         used_speed,
         "And a cost model fitted from the other runs' served steps (scripts/fidelity_cross.py)",
         CROSS_NOTE,
+    ),
+    (
+        "sim-replay",
+        used_speed,
+        "Nothing from the run itself: a cost model from the engine alone replaying the other "
+        "runs' steps, the speed from the probe (scripts/fidelity_replay.py)",
+        REPLAY_NOTE,
     ),
 )
 

@@ -6,6 +6,7 @@ import io
 import json
 from pathlib import Path
 
+import msgspec
 import pytest
 from typer.testing import CliRunner
 
@@ -16,6 +17,7 @@ from quanta_core.sim.cost_model import CostModel
 from quanta_core.sim.executor import SimExecutor
 from quanta_core.sim.replay import compare_replay, replay
 from quanta_core.sim.step_trace import StepRecord, StepTracer, read_trace
+from scripts.fidelity_replay import load_replays, peers
 
 MODEL = CostModel(per_pass=0.01, per_decode=0.002, per_prefill=0.003)
 PLANS = [
@@ -144,3 +146,38 @@ def test_step_replay_refuses_a_trace_without_plans(tmp_path: Path) -> None:
     assert result.exit_code == 2
     assert "no plan" in result.output and "record the run again" in " ".join(result.output.split())
     assert not (tmp_path / "a").exists()
+
+
+# ---- scripts/fidelity_replay.py: what it reads of the fidelity runs ----
+
+
+def test_fidelity_replay_reads_each_replayed_run_and_takes_the_toll_from_its_policys_peers(
+    tmp_path: Path,
+) -> None:
+    served = _trace(SimExecutor(FakeExecutor().info, MODEL), PLANS)
+    for key, probe, ratio, cycle in (
+        ("fcfs-light", 1.1, 1.02, 0.001),
+        ("fcfs-heavy", 0.9, 1.06, 0.003),
+        ("sequential-light", 1.0, 1.12, 0.002),
+    ):
+        with (tmp_path / f"alone-{key}.jsonl").open("w") as f:
+            f.writelines(line + "\n" for line in _lines(served))
+        (tmp_path / f"probe-{key}.json").write_text(json.dumps({"speed_factor": probe}))
+        steps_report = {"in_run": {"server_cycle_s": cycle, "speed_factor": 1.0}}
+        (tmp_path / f"steps-{key}.json").write_text(json.dumps(steps_report))
+        (tmp_path / f"replay-{key}.json").write_text(json.dumps({"all": {"ratio": ratio}}))
+    runs = load_replays(tmp_path)
+    assert sorted(runs) == ["fcfs-heavy", "fcfs-light", "sequential-light"]
+    light = runs["fcfs-light"]
+    assert len(light.steps) == 3  # the truncate-only step is not a served step
+    assert (light.probe_factor, light.served_over_alone, light.server_cycle_s) == (
+        1.1,
+        1.02,
+        0.001,
+    )
+    assert peers("fcfs-light", runs) == [runs["fcfs-heavy"]]  # the same policy only
+    assert peers("sequential-light", runs) == [runs["fcfs-heavy"], runs["fcfs-light"]]
+
+
+def _lines(records: list[StepRecord]) -> list[str]:
+    return [msgspec.json.encode(r).decode() for r in records]
