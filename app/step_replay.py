@@ -13,7 +13,6 @@ machine; this VM's speed drifts by up to 30 % within minutes, so replay right af
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Annotated
 
@@ -25,6 +24,7 @@ from rich.table import Table
 
 from app.settings import Settings
 from quanta_core.clock import WallClock
+from quanta_core.engine.errors import EngineDied, EngineInputError
 from quanta_core.sim.replay import ReplayRow, compare_replay, replay, replayable
 from quanta_core.sim.step_trace import StepTracer, read_trace
 
@@ -45,25 +45,29 @@ def step_replay(
         with trace.open() as f:
             served = replayable(read_trace(f))
         settings = Settings()
+        sink = out.open("w")
     except (ValueError, OSError) as exc:
         console.print(f"[red]step-replay: {exc}")
         raise typer.Exit(code=2) from None
     from quanta_core.engine.llama_cpp.executor import LlamaCppExecutor  # the engine, here only
 
-    tracer = StepTracer(
-        LlamaCppExecutor.start(settings.engine_config()), WallClock(), out.open("w")
-    )
+    tracer = StepTracer(LlamaCppExecutor.start(settings.engine_config()), WallClock(), sink)
     columns = (BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    done = 0
+
+    def stepped(n: int) -> None:
+        nonlocal done
+        done = n
+        progress.update(task, completed=n)
+
     try:
         with Progress(*columns, console=console, transient=True) as progress:
             task = progress.add_task("replay", total=len(served))
-            replay(
-                served,
-                tracer,
-                keep_gaps=keep_gaps,
-                sleep=time.sleep,
-                on_step=lambda n: progress.update(task, completed=n),
-            )
+            replay(served, tracer, keep_gaps=keep_gaps, on_step=stepped)
+    except (EngineInputError, EngineDied) as exc:
+        # A trace across a worker restart, or of another model or context: not replayable.
+        console.print(f"[red]step-replay: step {done + 1} of {len(served)}: {exc}")
+        raise typer.Exit(code=1) from None
     finally:
         tracer.close()
     with out.open() as f:

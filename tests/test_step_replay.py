@@ -181,3 +181,28 @@ def test_fidelity_replay_reads_each_replayed_run_and_takes_the_toll_from_its_pol
 
 def _lines(records: list[StepRecord]) -> list[str]:
     return [msgspec.json.encode(r).decode() for r in records]
+
+
+def test_step_replay_stops_with_a_clear_error_at_a_step_the_engine_refuses(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("QUANTA_CONFIG", str(tmp_path / "none.toml"))
+    monkeypatch.setenv("QUANTA_N_CTX", "512")
+    monkeypatch.setenv("QUANTA_N_SEQ_MAX", "4")
+    # A trace recorded across a worker restart: its second step continues a sequence from
+    # where the lost worker had it, which the engine replaying it does not hold.
+    served = tmp_path / "served.jsonl"
+    first, second = _trace(SimExecutor(FakeExecutor().info, MODEL), PLANS[:2])
+    lost = StepPlan(slices=(SeqSlice(0, (9,), 8, sample=True, owner="a"),))
+    served.write_text("\n".join(_lines([first, msgspec.structs.replace(second, plan=lost)])))
+    alone = tmp_path / "alone.jsonl"
+    result = CliRunner().invoke(cli, ["step-replay", str(served), "--out", str(alone)])
+    assert result.exit_code == 1
+    text = " ".join(result.output.split())
+    assert "step 2 of 2" in text and "starts at position 8" in text
+    with alone.open() as f:
+        assert [r.plan for r in read_trace(f)] == [PLANS[0]]  # the first step ran
+    nowhere = CliRunner().invoke(
+        cli, ["step-replay", str(served), "--out", str(tmp_path / "no" / "dir.jsonl")]
+    )
+    assert nowhere.exit_code == 2 and "step-replay" in nowhere.output
