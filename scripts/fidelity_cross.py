@@ -72,7 +72,6 @@ def main(folder: Path) -> None:
         model_path = folder / f"cross-model-{key}.json"
         model.save(model_path)
         machine = in_run(compare_trace(records, model.predict)[1], 1.0)
-        policy, load = key.split("-", 1)
         fit = model.meta["fit"]["errors"]["all"]
         print(
             f"{key}: fitted on {model.meta['fit']['points']} steps (MAPE {fit['mape']:.1f}%), "
@@ -80,18 +79,27 @@ def main(folder: Path) -> None:
             f"server {1e3 * machine.server_cycle_s:.2f} ms",
             flush=True,
         )
-        command = [
-            str(Path(sys.executable).with_name("quanta")),
-            "sim",
-            "--workload", str(folder / f"workload-{load}.toml"),
-            "--policy", policy,
-            "--cost-model", str(model_path),
-            "--speed-factor", str(machine.speed_factor),
-            "--server-cycle-ms", str(1e3 * machine.server_cycle_s),
-            "--out", str(folder / f"sim-cross-{key}.json"),
-            "--label", f"sim-cross-{key}",
-        ]  # fmt: skip
-        subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+        simulate(folder, key, "sim-cross", model_path, machine.speed_factor, machine.server_cycle_s)
+
+
+def simulate(
+    folder: Path, key: str, prefix: str, model_path: Path, speed: float, server_cycle_s: float
+) -> None:
+    """``quanta sim`` of the run ``key`` (``<policy>-<load>``) with that cost model, speed and
+    server time per cycle, into ``<prefix>-<key>.json``."""
+    policy, load = key.split("-", 1)
+    command = [
+        str(Path(sys.executable).with_name("quanta")),
+        "sim",
+        "--workload", str(folder / f"workload-{load}.toml"),
+        "--policy", policy,
+        "--cost-model", str(model_path),
+        "--speed-factor", str(speed),
+        "--server-cycle-ms", str(1e3 * server_cycle_s),
+        "--out", str(folder / f"{prefix}-{key}.json"),
+        "--label", f"{prefix}-{key}",
+    ]  # fmt: skip
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
 
 
 if __name__ == "__main__":

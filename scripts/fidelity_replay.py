@@ -23,7 +23,6 @@ could run before R, from a calibration and a probe.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 from statistics import fmean
@@ -32,7 +31,7 @@ from typing import NamedTuple
 from app.sim_cli import default_cost_model_path
 from quanta_core.sim.cost_model import CostModel
 from quanta_core.sim.step_trace import StepRecord, read_trace, served_steps
-from scripts.fidelity_cross import cross_model
+from scripts.fidelity_cross import cross_model, simulate
 
 
 class Replayed(NamedTuple):
@@ -44,14 +43,15 @@ class Replayed(NamedTuple):
 
 def load_replays(folder: Path) -> dict[str, Replayed]:
     runs = {}
-    for report in sorted(folder.glob("replay-*.json")):
-        key = report.stem.removeprefix("replay-")
-        with (folder / f"alone-{key}.jsonl").open() as f:
+    for trace in sorted(folder.glob("alone-*.jsonl")):
+        key = trace.stem.removeprefix("alone-")
+        with trace.open() as f:
             steps = served_steps(read_trace(f))
+        report = folder / f"replay-{key}.json"
         probe = json.loads((folder / f"probe-{key}.json").read_text())["speed_factor"]
-        trace = json.loads((folder / f"steps-{key}.json").read_text())["in_run"]
+        served = json.loads((folder / f"steps-{key}.json").read_text())["in_run"]
         ratio = json.loads(report.read_text())["all"]["ratio"]
-        runs[key] = Replayed(steps, probe, ratio, trace["server_cycle_s"])
+        runs[key] = Replayed(steps, probe, ratio, served["server_cycle_s"])
     return runs
 
 
@@ -76,28 +76,16 @@ def main(folder: Path) -> None:
         model.save(model_path)
         others = peers(key, runs)
         serving = fmean(r.served_over_alone for r in others)
-        cycle_ms = 1e3 * fmean(r.server_cycle_s for r in others)
+        cycle_s = fmean(r.server_cycle_s for r in others)
         speed = run.probe_factor * serving
         fit = model.meta["fit"]["errors"]["all"]
         print(
             f"{key}: fitted on {model.meta['fit']['points']} replayed steps "
             f"(MAPE {fit['mape']:.1f}%), probe {run.probe_factor:.3f} x served/alone "
-            f"{serving:.3f} = {speed:.3f}, server {cycle_ms:.2f} ms",
+            f"{serving:.3f} = {speed:.3f}, server {1e3 * cycle_s:.2f} ms",
             flush=True,
         )
-        policy, load = key.split("-", 1)
-        command = [
-            str(Path(sys.executable).with_name("quanta")),
-            "sim",
-            "--workload", str(folder / f"workload-{load}.toml"),
-            "--policy", policy,
-            "--cost-model", str(model_path),
-            "--speed-factor", str(speed),
-            "--server-cycle-ms", str(cycle_ms),
-            "--out", str(folder / f"sim-replay-{key}.json"),
-            "--label", f"sim-replay-{key}",
-        ]  # fmt: skip
-        subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+        simulate(folder, key, "sim-replay", model_path, speed, cycle_s)
 
 
 if __name__ == "__main__":

@@ -166,6 +166,7 @@ def test_fidelity_replay_reads_each_replayed_run_and_takes_the_toll_from_its_pol
         steps_report = {"in_run": {"server_cycle_s": cycle, "speed_factor": 1.0}}
         (tmp_path / f"steps-{key}.json").write_text(json.dumps(steps_report))
         (tmp_path / f"replay-{key}.json").write_text(json.dumps({"all": {"ratio": ratio}}))
+    CostModel().save(tmp_path / "replay-model-fcfs-light.json")  # a previous pass's output
     runs = load_replays(tmp_path)
     assert sorted(runs) == ["fcfs-heavy", "fcfs-light", "sequential-light"]
     light = runs["fcfs-light"]
