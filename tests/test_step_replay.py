@@ -109,12 +109,18 @@ def test_served_and_replayed_steps_pair_up_by_kind_and_batch() -> None:
 # ---- the command, on the real engine ----
 
 
-def test_step_replay_runs_a_trace_on_the_real_engine_and_reports_served_over_alone(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture
+def small_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``quanta step-replay``'s engine: the default model, a small context, no config file."""
     monkeypatch.setenv("QUANTA_CONFIG", str(tmp_path / "none.toml"))
     monkeypatch.setenv("QUANTA_N_CTX", "512")
     monkeypatch.setenv("QUANTA_N_SEQ_MAX", "4")
+
+
+@pytest.mark.usefixtures("small_engine")
+def test_step_replay_runs_a_trace_on_the_real_engine_and_reports_served_over_alone(
+    tmp_path: Path,
+) -> None:
     served = tmp_path / "served.jsonl"
     slow = CostModel(per_pass=5.0)  # "served" steps of 5 s: the real engine is far faster
     tracer = StepTracer(SimExecutor(FakeExecutor().info, slow), TickClock(), served.open("w"))
@@ -184,12 +190,10 @@ def _lines(records: list[StepRecord]) -> list[str]:
     return [msgspec.json.encode(r).decode() for r in records]
 
 
+@pytest.mark.usefixtures("small_engine")
 def test_step_replay_stops_with_a_clear_error_at_a_step_the_engine_refuses(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
 ) -> None:
-    monkeypatch.setenv("QUANTA_CONFIG", str(tmp_path / "none.toml"))
-    monkeypatch.setenv("QUANTA_N_CTX", "512")
-    monkeypatch.setenv("QUANTA_N_SEQ_MAX", "4")
     # A trace recorded across a worker restart: its second step continues a sequence from
     # where the lost worker had it, which the engine replaying it does not hold.
     served = tmp_path / "served.jsonl"
