@@ -24,8 +24,13 @@ from rich.table import Table
 
 from app.settings import Settings
 from quanta_core.clock import WallClock
-from quanta_core.engine.errors import EngineDied, EngineInputError
-from quanta_core.sim.replay import ReplayRow, compare_replay, replay, replayable
+from quanta_core.sim.replay import (
+    ReplayRow,
+    ReplayStopped,
+    compare_replay,
+    replay,
+    replayable,
+)
 from quanta_core.sim.step_trace import StepTracer, read_trace
 
 
@@ -46,27 +51,24 @@ def step_replay(
             served = replayable(read_trace(f))
         settings = Settings()
         sink = out.open("w")
-    except (ValueError, OSError) as exc:
+    except (ValueError, OSError) as exc:  # a bad setting too (pydantic's is a ValueError)
         console.print(f"[red]step-replay: {exc}")
         raise typer.Exit(code=2) from None
     from quanta_core.engine.llama_cpp.executor import LlamaCppExecutor  # the engine, here only
 
     tracer = StepTracer(LlamaCppExecutor.start(settings.engine_config()), WallClock(), sink)
     columns = (BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    done = 0
-
-    def stepped(n: int) -> None:
-        nonlocal done
-        done = n
-        progress.update(task, completed=n)
-
     try:
         with Progress(*columns, console=console, transient=True) as progress:
             task = progress.add_task("replay", total=len(served))
-            replay(served, tracer, keep_gaps=keep_gaps, on_step=stepped)
-    except (EngineInputError, EngineDied) as exc:
-        # A trace across a worker restart, or of another model or context: not replayable.
-        console.print(f"[red]step-replay: step {done + 1} of {len(served)}: {exc}")
+            replay(
+                served,
+                tracer,
+                keep_gaps=keep_gaps,
+                on_step=lambda n: progress.update(task, completed=n),
+            )
+    except ReplayStopped as exc:
+        console.print(f"[red]step-replay: {exc}")
         raise typer.Exit(code=1) from None
     finally:
         tracer.close()

@@ -23,6 +23,7 @@ from statistics import fmean, median
 
 import msgspec
 
+from quanta_core.engine.errors import EngineDied, EngineInputError
 from quanta_core.engine.protocol import Executor
 from quanta_core.sim.fit import group_of
 from quanta_core.sim.step_trace import StepRecord, batch_bucket
@@ -41,6 +42,15 @@ def replayable(records: Sequence[StepRecord]) -> list[StepRecord]:
     return list(records)
 
 
+class ReplayStopped(Exception):
+    """The engine refused or lost a step: a trace across a worker restart, or one recorded
+    with another model or context, cannot be replayed past it."""
+
+    def __init__(self, step: int, total: int, cause: Exception) -> None:
+        super().__init__(f"step {step} of {total}: {cause}")
+        self.step = step
+
+
 def replay(
     records: Sequence[StepRecord],
     executor: Executor,
@@ -49,12 +59,17 @@ def replay(
     on_step: Callable[[int], None] | None = None,
 ) -> None:
     """Run every record's plan on ``executor`` in order (wrap it in a ``StepTracer`` to time
-    them), waiting each record's gap first when ``keep_gaps``."""
-    for i, record in enumerate(replayable(records)):
+    them), waiting each record's gap first when ``keep_gaps``; ``ReplayStopped`` says where
+    the engine refused."""
+    records = replayable(records)
+    for i, record in enumerate(records):
         if keep_gaps and record.gap:
             sleep(record.gap)
         assert record.plan is not None  # replayable() checked
-        executor.step(record.plan)
+        try:
+            executor.step(record.plan)
+        except (EngineInputError, EngineDied) as exc:
+            raise ReplayStopped(i + 1, len(records), exc) from exc
         if on_step is not None:
             on_step(i + 1)
 
