@@ -40,6 +40,7 @@ from app.calibration_probe import (
     probe_report,
     summarise,
 )
+from app.calibration_served import FULL_SERVED, QUICK_SERVED, ServedRunner
 from app.settings import ModelNotFoundError, Settings
 from quanta_core.engine import EngineInfo, StepPlan
 from quanta_core.engine.errors import EngineError
@@ -47,10 +48,10 @@ from quanta_core.sim.cost_model import COEFFICIENTS, CostModel, StepFeatures
 from quanta_core.sim.fit import (
     Group,
     Sample,
+    fit_points,
     fit_samples,
     group_of,
     load_samples,
-    median_points,
     save_samples,
 )
 
@@ -158,28 +159,34 @@ def _warn_if_busy() -> None:
 
 
 def measure(
-    settings: Settings, quick: bool, repeats: int | None
+    settings: Settings, quick: bool, repeats: int | None, served: bool = True
 ) -> tuple[list[Sample], dict[str, Any]]:
-    """Start the engine, run the grid (the reference probe between), stop the engine."""
+    """Start the engine, run the grid (the reference probe and, with ``served``, the served
+    phase's segments between), stop the engine."""
     # The llama.cpp side is imported here only: --refit and the tests of the fit never need it.
     from app.assemble import scheduler_config
     from quanta_core.engine.llama_cpp.executor import LlamaCppExecutor
 
     spec = QUICK if quick else FULL
     runs = repeats if repeats is not None else spec.repeats
-    budget = scheduler_config(settings).token_budget
+    config = scheduler_config(settings)
     _warn_if_busy()
     with LlamaCppExecutor.start(settings.engine_config()) as ex:
         info = ex.info
-        meta = measurement_meta(settings, info, budget, quick, runs)
-        grid = build_grid(spec, info.n_ctx, info.n_seq_max, info.n_batch, budget)
+        meta = measurement_meta(settings, info, config.token_budget, quick, runs)
+        grid = build_grid(spec, info.n_ctx, info.n_seq_max, info.n_batch, config.token_budget)
         visits = visit_order(grid, runs)
         runner = GridRunner(ex, probe_every=spec.probe_every)
+        serving = ServedRunner(ex, config, QUICK_SERVED if quick else FULL_SERVED, runner.t0)
+        if served:
+            runner.interlude = serving.segment
         with _progress(visits) as bar:
             runner.run(visits, bar)
     meta["load_avg_after"] = list(os.getloadavg())
     meta["probe"] = summarise(runner.probes)
-    return runner.samples, meta
+    if served:
+        meta["served"] = serving.describe()
+    return runner.samples + serving.samples, meta
 
 
 def measure_probe_alone(settings: Settings) -> ProbeResult:
@@ -228,7 +235,10 @@ def print_model(model: CostModel) -> None:
     table = Table(title=f"fit error over {fit.get('points', '?')} points (relative, %)")
     for col in ("group", "points", "R²", "MAPE", "p50", "p90", "max"):
         table.add_column(col, justify="right")
-    for group, e in fit.get("errors", {}).items():
+    rows = dict(fit.get("errors", {}))
+    if "served" in fit:
+        rows["served bins"] = fit["served"]
+    for group, e in rows.items():
         r2 = "-" if e["r2"] is None else f"{e['r2']:.3f}"
         figures = (f"{e[k]:.1f}" for k in ("mape", "p50", "p90", "max"))
         table.add_row(group, str(e["n"]), r2, *figures)
@@ -311,10 +321,10 @@ def _load(path: Path) -> tuple[list[Sample], dict[str, Any]]:
 
 
 def _measure(
-    settings: Settings, quick: bool, repeats: int | None
+    settings: Settings, quick: bool, repeats: int | None, served: bool
 ) -> tuple[list[Sample], dict[str, Any]]:
     try:
-        return measure(settings, quick, repeats)
+        return measure(settings, quick, repeats, served)
     except (ModelNotFoundError, EngineError) as exc:
         raise _fail(f"engine: {exc}", code=1) from None
 
@@ -369,6 +379,13 @@ def calibrate(
         ),
     ] = None,
     quick: Annotated[bool, typer.Option(help="a small grid: about 30 s")] = False,
+    served: Annotated[
+        bool,
+        typer.Option(
+            help="also serve short workloads through the scheduler between the grid's visits "
+            "and fit their steps (about 3 minutes more)"
+        ),
+    ] = True,
     repeats: Annotated[
         int | None, typer.Option(min=1, help="passes over the grid: measured runs per point")
     ] = None,
@@ -408,8 +425,10 @@ def calibrate(
         if any(v is not None for v in (model, threads, n_ctx, repeats)) or quick:
             raise _fail("--refit fits a samples file again: drop --model/--threads/--n-ctx/…")
         measured, meta = _load(refit)
+        if not served:  # the grid's samples alone: what the served phase changes
+            measured = [s for s in measured if not s.served]
     else:
-        measured, meta = _measure(_settings(model, threads, n_ctx), quick, repeats)
+        measured, meta = _measure(_settings(model, threads, n_ctx), quick, repeats, served)
         if samples is not None:
             save_samples(samples, measured, meta)
             console.print(f"samples written to {samples}")
@@ -420,7 +439,7 @@ def calibrate(
     fitted = fit_samples(measured, meta=meta)
     fitted.save(out)
     plot_path = plot if plot is not None else out.with_suffix(".png")
-    plot_fit(fitted, median_points(measured), plot_path)
+    plot_fit(fitted, fit_points(measured), plot_path)
     print_model(fitted)
     if calibrated_probe_s(fitted) is None:
         console.print("no reference probe in these samples: `--probe-only` cannot compare")

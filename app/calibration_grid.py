@@ -4,6 +4,8 @@
               real multi-sequence prefill steps, kept as single-run samples) and stashed
     probe     the reference probe (app/calibration_probe.py): at the start, after the fills,
               every ``probe_every`` visits, and at the end
+    interlude the served phase's segments (app/calibration_served.py): after the fills and
+              after each probe between visits, the engine empty
     passes    ``repeats`` passes over the grid, each in its own shuffled (seeded) order;
               a visit restores the point's sequences, runs the step once as a warm-up and
               once measured, and undoes it (Truncate back to the context)
@@ -176,13 +178,26 @@ class Watcher(Protocol):
     def visited(self, point: Point) -> None: ...  # a visit ended
 
 
+class Interlude(Protocol):
+    """Work run on the runner's executor between visits (the served phase's segments)."""
+
+    def __call__(self) -> None: ...
+
+
 class GridRunner:
     """Runs grid points on an executor and records every timed step as a ``Sample``."""
 
-    def __init__(self, executor: Executor, seed: int = 0, probe_every: int | None = None) -> None:
+    def __init__(
+        self,
+        executor: Executor,
+        seed: int = 0,
+        probe_every: int | None = None,
+        interlude: Interlude | None = None,
+    ) -> None:
         self.ex = executor
         self.rng = random.Random(seed)  # the tokens
         self.probe_every = probe_every  # None: no probes; 0: at the start and the end only
+        self.interlude = interlude  # after the fills and after each probe between visits
         if probe_every is not None and executor.info.n_seq_max < SEQUENCES:
             raise ValueError(f"the reference probe needs {SEQUENCES} sequences")
         self.mirror = KvMirror.for_engine(executor.info)  # lengths before each step
@@ -193,15 +208,19 @@ class GridRunner:
         self._idle_filled: set[int] = set()  # idle sizes stashed from the idle sequence
         self._held: dict[int, int] = {}  # sequence -> the context it holds (restored)
         self._fills = 0
-        self._t0 = time.perf_counter()
+        self.t0 = time.perf_counter()
 
     def run(self, visits: Sequence[Point], watcher: Watcher | None = None) -> None:
         """Fill, then visit each point of ``visits`` in order; leave the engine empty."""
         self._probe(watcher)
         self.fill(visits, watcher)
+        every = self.probe_every or 0  # 0: no probes between visits
         for i, p in enumerate(visits):
-            if self.probe_every and i % self.probe_every == 0:  # i = 0: after the fills
+            between = every > 0 and i % every == 0  # i = 0: after the fills
+            if between:
                 self._probe(watcher)
+            if i == 0 or between:
+                self._interlude(watcher)
             if watcher is not None:
                 watcher.starting(p.label)
             self.hold(p.batch, p.context, p.idle)
@@ -281,13 +300,21 @@ class GridRunner:
         self._filled = {}
         self._idle_filled = set()
 
+    def _interlude(self, watcher: Watcher | None) -> None:
+        if self.interlude is None:
+            return
+        if watcher is not None:
+            watcher.starting("served requests")
+        self.hold(0, 0)  # the interlude finds the engine empty, and leaves it so
+        self.interlude()
+
     def _probe(self, watcher: Watcher | None) -> None:
         if self.probe_every is None:
             return
         if watcher is not None:
             watcher.starting("reference probe")
         self.hold(0, 0)  # the probe's sequences must be empty
-        at = time.perf_counter() - self._t0
+        at = time.perf_counter() - self.t0
         self.probes.append(measure_probe(self._time, self.ex.info.n_vocab, at))
 
     def _fill(self, seqs: range, context: int) -> None:
@@ -310,7 +337,7 @@ class GridRunner:
     def _timed(self, point: str, plan: StepPlan, warmup: bool) -> None:
         features = features_of(plan, self.mirror.lengths, self.mirror.stash_lengths)
         held = sum(self.mirror.lengths.values())
-        t = time.perf_counter() - self._t0
+        t = time.perf_counter() - self.t0
         seconds, engine_s = self._step(plan)
         self.samples.append(Sample(point, features, seconds, engine_s, warmup, held, t))
 

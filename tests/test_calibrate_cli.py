@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from app import calibrate as cal
 from app import calibration_probe as probe
+from app import calibration_served as served
 from app.calibrate import calibrate
 from app.calibration_grid import (
     FULL,
@@ -27,8 +28,10 @@ from app.calibration_grid import (
 )
 from quanta_core.engine import StepPlan
 from quanta_core.engine.fake import FakeExecutor
-from quanta_core.sim.cost_model import CostModel
+from quanta_core.scheduler.config import SchedulerConfig
+from quanta_core.sim.cost_model import CostModel, StepFeatures
 from quanta_core.sim.fit import Group, Sample, group_of, load_samples, save_samples
+from quanta_core.workload import build_plan
 
 TRUE = CostModel(
     per_pass=0.004,
@@ -221,6 +224,56 @@ def test_the_runner_probes_at_the_start_after_the_fills_every_n_visits_and_at_th
     assert set(summary["parts"]) == {p.name for p in probe.PARTS}
 
 
+@pytest.mark.parametrize("probe_every", [5, 0])
+def test_the_interlude_runs_after_the_fills_and_each_probe_between_visits_on_an_empty_engine(
+    probe_every: int,
+) -> None:
+    ex = FakeExecutor(n_ctx=8192, n_seq_max=64, n_batch=512)
+    visits = visit_order(build_grid(QUICK, 8192, 64, 512, 128), 2)
+    runner = GridRunner(ex, probe_every=probe_every)
+    held: list[tuple[object, ...]] = []
+    runner.interlude = lambda: held.append(ex.memory_stats().sequences)
+    watcher = Record()
+    runner.run(visits, watcher)
+    calls = len(range(0, len(visits), probe_every)) if probe_every else 1
+    assert calls > 1 or not probe_every
+    assert held == [()] * calls
+    said = watcher.started
+    assert said.count("served requests") == calls
+    last_fill = max(i for i, what in enumerate(said) if what.startswith("fill"))
+    assert said.index("served requests") == last_fill + 1 + (1 if probe_every else 0)
+
+
+def test_the_served_phase_serves_each_policy_and_leaves_the_engine_as_it_found_it() -> None:
+    ex = FakeExecutor(n_ctx=8192, n_seq_max=64, n_batch=512)
+    spec = dataclasses.replace(served.QUICK_SERVED, policies=("sequential", "fcfs"))
+    runner = GridRunner(ex)
+    runner.fill([Point(Kind.DECODE, 2, 64)])
+    runner.hold(0, 0)  # the grid's sequences wait in host RAM, as between visits
+    stashes = ex.memory_stats().n_stashes
+    serving = served.ServedRunner(ex, SchedulerConfig(prefix_cache_tokens=64), spec, runner.t0)
+    serving.segment()
+    serving.segment()
+    assert ex.memory_stats().sequences == ()  # the prefix cache's holders were freed
+    assert ex.memory_stats().n_stashes == stashes
+    assert serving.segments == 2
+    points = Counter(s.point.split()[1] for s in serving.samples)
+    assert set(points) == {"sequential", "fcfs"}
+    assert all(s.served and s.point.startswith("served ") for s in serving.samples)
+    # Every request's prompt was prefilled and its answer decoded, in each segment.
+    prefilled = sum(s.features.prefill_tokens for s in serving.samples)
+    plans = [build_plan(serving.workload(p, k)) for p in spec.policies for k in (0, 1)]
+    assert prefilled == sum(r.prompt_tokens for plan in plans for r in plan)
+    assert serving.describe()["steps"] == len(serving.samples)
+
+
+def test_served_steps_are_binned_by_policy_kind_and_batch_size() -> None:
+    assert served.bin_label("fcfs", Group.DECODE, 1) == "served fcfs decode ≤1"
+    assert served.bin_label("fcfs", Group.DECODE, 3) == "served fcfs decode ≤4"
+    assert served.bin_label("static", Group.MIXED, 64) == "served static mixed ≤64"
+    assert served.bin_label("static", Group.MIXED, 65) == "served static mixed ≤256"
+
+
 def test_speed_factor_is_now_over_the_calibrations_probe(tmp_path: Path) -> None:
     parts = {p.name: 0.01 for p in probe.PARTS}
     then = probe.ProbeResult(parts)
@@ -327,6 +380,34 @@ def test_refit_with_out_and_plot(tmp_path: Path) -> None:
     assert "give --out" in result.output
 
 
+def test_refit_no_served_fits_the_grids_samples_alone(tmp_path: Path) -> None:
+    grid = fake_samples()
+    decodes = [StepFeatures(1, 1, 0, c / 1000, c / 1e6, c / 1000) for c in range(64, 96)]
+    slow = [  # served decodes 50 % slower than the grid's model says
+        Sample("served fcfs decode ≤1", f, 1.5 * TRUE.predict(f), served=True) for f in decodes
+    ]
+    samples_file = tmp_path / "samples.json"
+    save_samples(samples_file, grid + slow, {})
+    measured = sum(not s.warmup for s in grid)
+    fitted, output = {}, {}
+    for flag in ("--served", "--no-served"):
+        out = tmp_path / f"{flag}.json"
+        args = ["--refit", str(samples_file), "--out", str(out), flag]
+        result = CliRunner().invoke(command(), args)
+        assert result.exit_code == 0, result.output
+        fitted[flag], output[flag] = CostModel.load(out), result.output
+    assert fitted["--served"].meta["samples"] == measured + len(slow)
+    assert fitted["--served"].meta["fit"]["served"]["n"] == 1  # one bin
+    assert "served bins" in output["--served"]
+    assert fitted["--no-served"].meta["samples"] == measured
+    assert "served" not in fitted["--no-served"].meta["fit"]
+    assert "served bins" not in output["--no-served"]
+    for name, value in TRUE.coefficients().items():
+        assert getattr(fitted["--no-served"], name) == pytest.approx(value, rel=1e-6), name
+    # The served fit prices such decodes higher: pulled up by the slow bin.
+    assert fitted["--served"].predict(decodes[0]) > 1.05 * TRUE.predict(decodes[0])
+
+
 @pytest.mark.parametrize("extra", [["--quick"], ["--threads", "1"], ["--repeats", "3"]])
 def test_refit_refuses_measurement_flags(tmp_path: Path, extra: list[str]) -> None:
     result = CliRunner().invoke(command(), ["--refit", str(tmp_path / "s.json"), *extra])
@@ -379,6 +460,10 @@ def test_quick_calibration_of_the_real_engine(model_path: Path, tmp_path: Path) 
     assert len(model.meta["probe"]["measurements"]) == 2  # at the start and at the end
     assert probe.calibrated_probe_s(model) is not None
     assert all(s.t > 0 for s in samples)
+    # The served phase ran once (no probes between visits in the quick grid): fcfs's steps.
+    assert model.meta["served"]["segments"] == 1
+    assert {s.point.split()[1] for s in samples if s.served} == {"fcfs"}
+    assert model.meta["fit"]["served"]["n"] == model.meta["served"]["bins"] > 0
     # The probe alone, against the model just calibrated: a speed factor near 1.
     probe_file = tmp_path / "probe.json"
     args = ["--probe-only", "--threads", "1", "--model", str(model_path)]

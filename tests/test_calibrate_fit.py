@@ -15,11 +15,12 @@ from quanta_core.sim.fit import (
     Group,
     Sample,
     fit_cost_model,
+    fit_errors,
+    fit_points,
     fit_samples,
     group_of,
     identifiable,
     load_samples,
-    median_points,
     nnls,
     save_samples,
 )
@@ -297,7 +298,7 @@ def test_fit_refuses_no_points_and_non_positive_times() -> None:
 # ---- samples: repeats, warm-ups, the file ----
 
 
-def test_median_points_drop_warmups_and_take_each_points_median() -> None:
+def test_fit_points_drop_warmups_and_take_each_points_median() -> None:
     f = StepFeatures(1, 1, 0, 0.1)
     g = StepFeatures(stash_tokens=10)
     samples = [
@@ -307,17 +308,57 @@ def test_median_points_drop_warmups_and_take_each_points_median() -> None:
         Sample("d", f, 0.500),  # a disturbed run
         Sample("s", g, 0.001),
     ]
-    assert median_points(samples) == [(f, 0.020), (g, 0.001)]
+    assert fit_points(samples) == [(f, 0.020), (g, 0.001)]
     model = fit_samples(samples, meta={"machine": "m"})
     assert model.meta["machine"] == "m"
     assert model.meta["samples"] == 4
     assert model.meta["fit"]["points"] == 2
 
 
+def served_bin(label: str, steps: list[StepFeatures], seconds: list[float]) -> list[Sample]:
+    return [Sample(label, f, t, served=True) for f, t in zip(steps, seconds, strict=True)]
+
+
+def test_fit_points_pool_each_bin_of_served_steps_into_its_mean() -> None:
+    decodes = [StepFeatures(2, 2, 0, 0.3, 0.0006, 0.3), StepFeatures(2, 2, 0, 0.5, 0.001, 0.5)]
+    prefill = [StepFeatures(1, 0, 64, 2.1, 0.004, 0.064)]
+    grid = StepFeatures(1, 1, 0, 0.1)
+    samples = [
+        *served_bin("served fcfs decode ≤2", decodes, [0.030, 0.050]),
+        Sample("d", grid, 0.010),
+        *served_bin("served fcfs prefill ≤1", prefill, [0.300]),
+        Sample("d", grid, 0.012),
+    ]
+    mean_decode = StepFeatures(2, 2, 0, 0.4, 0.0008, 0.4)
+    got = fit_points(samples)
+    assert [f for f, _ in got] == [grid, pytest.approx(mean_decode), prefill[0]]
+    assert [t for _, t in got] == pytest.approx([0.011, 0.040, 0.300])
+    # A linear model prices the mean step as the mean of its steps' prices: the bin's point
+    # is fitted at the bin's mean time, tail and all.
+    assert TRUE.predict(got[1][0]) == pytest.approx(sum(map(TRUE.predict, decodes)) / 2)
+
+
+def test_the_fit_reports_the_served_bins_error_apart() -> None:
+    grid = [Sample("p", f, t) for f, t in points(TRUE, grid_features())]
+    rng = random.Random(3)
+    steps = [StepFeatures(1, 1, 0, c / 1000, (c + 1) / 1e6, c / 1000) for c in range(60, 90)]
+    slow = [1.3 * TRUE.predict(f) * (1 + rng.gauss(0, 0.01)) for f in steps]  # 30 % over
+    served = served_bin("served fcfs decode ≤1", steps, slow)
+    model = fit_samples([*grid, *served])
+    alone = fit_samples(grid)
+    assert alone.meta["fit"].get("served") is None
+    missed = fit_errors(alone, fit_points(served))["all"].mape
+    assert missed == pytest.approx(100 * (1 - 1 / 1.3), abs=1)  # the grid's model: 23 % low
+    error = model.meta["fit"]["served"]
+    assert error["n"] == 1
+    assert error["mape"] < missed - 2  # one point among the grid's 63: moved towards it
+
+
 def test_samples_file_round_trip(tmp_path: Path) -> None:
     samples = [
         Sample("d", StepFeatures(1, 1, 0, 0.1), 0.02, 0.019, False, 100),
         Sample("s", StepFeatures(stash_tokens=5), 0.001, 0.0005, True, 5),
+        Sample("served fcfs decode ≤1", StepFeatures(1, 1, 0, 0.1), 0.02, t=3.0, served=True),
     ]
     path = tmp_path / "s.json"
     save_samples(path, samples, {"machine": "m"})

@@ -1,6 +1,7 @@
 """Fitting a ``CostModel`` from measured steps, and saying how well it fits.
 
     samples ──(drop warm-ups, median of each point's repeats)──▶ points (features, seconds)
+            ──(served steps: the mean of each bin's steps)──────▶ points
     points  ──(non-negative least squares on relative error)──▶ coefficients
     model   ──(relative error per sample group)──▶ meta["fit"]
 
@@ -8,6 +9,12 @@ Choices, and why:
   - The median of a point's repeats, not every sample: on a shared machine interference only
     ever makes a step slower, so the noise is one-sided with a heavy tail; least squares over
     every sample would be pulled up by a few bursts, the median ignores them.
+  - A served step (the calibration's served phase: the scheduler's own steps, each shape once)
+    has no repeats; its bin (policy, kind of step, batch size) is one point: the mean of its
+    steps' features and the mean of their times. The model is linear, so the mean step's
+    price is the mean of its steps' prices; and the mean keeps the step-time tail, which
+    a server pays: back to back, 5 % of the steps of one sequence took over 1.6x the median
+    here, and 1 % over 4x (a median of repeats drops them).
   - Relative error is minimised (each row divided by its measured time): step times span
     three orders of magnitude (a 1 ms restore, a 3 s prefill), and the simulator's fidelity
     is judged in relative terms. Plain least squares would fit the long steps and let the
@@ -26,7 +33,7 @@ from __future__ import annotations
 import json
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -73,6 +80,7 @@ class Sample:
     warmup: bool = False  # measured, but not fitted
     kv_held: int = 0  # tokens all sequences held before the step (unified KV: attended)
     t: float = 0.0  # when, in seconds since the measurement began: drift shows against it
+    served: bool = False  # a step the scheduler made: fitted as its bin's (``point``) mean
 
     def to_json(self) -> dict[str, Any]:
         doc = asdict(self)
@@ -89,6 +97,7 @@ class Sample:
             warmup=bool(doc.get("warmup", False)),
             kv_held=int(doc.get("kv_held", 0)),
             t=float(doc.get("t", 0.0)),
+            served=bool(doc.get("served", False)),
         )
 
 
@@ -118,13 +127,26 @@ def load_samples(path: Path) -> tuple[list[Sample], dict[str, Any]]:
     return samples, dict(doc.get("meta") or {})
 
 
-def median_points(samples: Iterable[Sample]) -> list[tuple[StepFeatures, float]]:
-    """One (features, median seconds) per grid point, warm-ups dropped, in first-seen order."""
-    by_point: dict[tuple[str, StepFeatures], list[float]] = {}
+def fit_points(samples: Iterable[Sample]) -> list[tuple[StepFeatures, float]]:
+    """The points to fit: one (features, median seconds) per grid point, warm-ups dropped,
+    in first-seen order; then one (mean features, mean seconds) per bin of served steps."""
+    grid: dict[tuple[str, StepFeatures], list[float]] = {}
+    served: dict[str, list[Sample]] = {}
     for s in samples:
-        if not s.warmup:
-            by_point.setdefault((s.point, s.features), []).append(s.seconds)
-    return [(f, statistics.median(times)) for (_, f), times in by_point.items()]
+        if s.warmup:
+            continue
+        if s.served:
+            served.setdefault(s.point, []).append(s)
+        else:
+            grid.setdefault((s.point, s.features), []).append(s.seconds)
+    points = [(f, statistics.median(times)) for (_, f), times in grid.items()]
+    return points + [_mean_point(steps) for steps in served.values()]
+
+
+def _mean_point(steps: Sequence[Sample]) -> tuple[StepFeatures, float]:
+    columns = zip(*(s.features for s in steps), strict=True)
+    means = StepFeatures._make(statistics.fmean(c) for c in columns)
+    return means, statistics.fmean(s.seconds for s in steps)
 
 
 # ---- the fit ----
@@ -232,18 +254,23 @@ def fit_cost_model(
 def fit_samples(
     samples: Sequence[Sample], *, relative: bool = True, meta: Mapping[str, Any] | None = None
 ) -> CostModel:
-    """Fit the medians of each point's repeats (warm-ups dropped)."""
+    """Fit the medians of each grid point's repeats (warm-ups dropped) and the means of the
+    served steps' bins; ``meta["fit"]["served"]``: the error over those bins alone."""
     measured = [s for s in samples if not s.warmup]
     overhead = [s.seconds - s.engine_s for s in measured if s.engine_s > 0]
     extra = {
         "samples": len(measured),
-        "aggregate": "median of each point's repeats, warm-up runs dropped",
+        "aggregate": "median of each grid point's repeats, warm-up runs dropped; "
+        "mean of each bin of served steps",
         # The caller's share (socket, msgspec, stash bytes) that the worker's clock misses.
         "caller_overhead_ms_p50": 1e3 * statistics.median(overhead) if overhead else None,
     }
-    return fit_cost_model(
-        median_points(measured), relative=relative, meta={**(meta or {}), **extra}
-    )
+    model = fit_cost_model(fit_points(measured), relative=relative, meta={**(meta or {}), **extra})
+    served = fit_points(s for s in measured if s.served)
+    if served:
+        fit_meta = {**model.meta["fit"], "served": fit_errors(model, served)["all"].to_json()}
+        model = replace(model, meta={**model.meta, "fit": fit_meta})
+    return model
 
 
 # ---- how good the fit is ----

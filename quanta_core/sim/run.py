@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from quanta_core.clock import VirtualClock
+from quanta_core.engine.protocol import Executor
 from quanta_core.engine.types import EngineInfo, SamplingParams
 from quanta_core.metrics.records import RequestRecord
 from quanta_core.requests import (
@@ -103,10 +104,24 @@ def simulate(
     time per cycle (none: the engine alone); ``speed``: every step x the machine's speed at
     its start (none: as ``cost_model`` says)."""
     clock = VirtualClock()
-    scheduler = Scheduler(config, engine, clock, token_events=False)  # results carry them
     speed_now = None if speed is None else lambda: speed.at(clock.now())
     executor = SimExecutor(engine, cost_model, speed_now)
-    client = _Client(spec, plan, engine.n_vocab)
+    return run_workload(spec, plan, config, executor, clock, server)
+
+
+def run_workload(
+    spec: WorkloadSpec,
+    plan: Sequence[PlannedRequest],
+    config: SchedulerConfig,
+    executor: Executor,
+    clock: VirtualClock,
+    server: ServerCost | None = None,
+) -> SimOutcome:
+    """Run ``plan`` through the scheduler on ``executor``, the clock moved by each step's
+    ``total_s``: the simulated engine's cost model, or a real engine's wall time (the
+    calibration's served phase: arrivals then come in engine time, idle gaps skipped)."""
+    scheduler = Scheduler(config, executor.info, clock, token_events=False)  # results carry them
+    client = _Client(spec, plan, executor.info.n_vocab)
     loop = SimLoop(scheduler, executor, clock, client.on_finished, server)
     client.loop = loop
     started = time.perf_counter()
