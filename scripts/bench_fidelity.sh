@@ -39,10 +39,13 @@
 #   LOADS       name:requests_per_s pairs             [light:0.5 medium:0.8 heavy:1.2]
 #   REQUESTS    requests per run                      [60]
 #   SKIP_REAL   1: only simulate (reuse real-*.json)  [0]
+#               (and probe-*.json; the step traces, where kept, read again against the cost
+#               model in use: SKIP_REAL=1 COST_MODEL=other.json re-judges the same runs)
 #   REPLAY      1: after each real run, its steps again on the engine alone    [0]
 #               (quanta step-replay: $OUT/replay-<policy>-<load>.json, served / alone)
-#   SERVER_COST the server's own time per step    [bench/results/http_overhead_local_client.json]
-#               (bench_http_overhead --client-nice 0: the client competes as here; none: 0)
+#   SERVER_COST the server's own time per step    [bench/results/fidelity/server_cost.json]
+#               (scripts/fidelity_server_cost.py over the step traces of the set of 12:57:
+#               0.66 ms per cycle + 0.12 ms per streamed token; none: 0)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -63,7 +66,7 @@ URL="http://127.0.0.1:$PORT"
 export COLUMNS="${COLUMNS:-200}"
 export QUANTA_CONFIG=/nonexistent/quanta.toml  # the same (default) settings, real and simulated
 mkdir -p "$OUT"
-SERVER_COST="${SERVER_COST:-bench/results/http_overhead_local_client.json}"
+SERVER_COST="${SERVER_COST:-bench/results/fidelity/server_cost.json}"
 SERVER_FLAG=()
 if [[ -f "$SERVER_COST" ]]; then
     read -r CYCLE_MS TOKEN_MS < <("$PY" -c 'import json, sys
@@ -121,8 +124,19 @@ EOF
     rm -f "$1" "$2"
 }
 
-speed_factor_of() {  # $1 a probe pair's file
-    "$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["speed_factor"])' "$1"
+speed_factor_of() {  # $1 a probe pair's file: its mean probe time over the cost model's
+    # Against the cost model in use, not the one the probes were compared with when measured:
+    # SKIP_REAL=1 COST_MODEL=other.json simulates the same runs with another calibration.
+    "$PY" - "$1" "${COST_MODEL:-}" <<'EOF'
+import json, sys
+from pathlib import Path
+from app.calibration_probe import speed_factor
+from app.sim_cli import default_cost_model_path
+from quanta_core.sim.cost_model import CostModel
+pair = json.load(open(sys.argv[1]))
+model = CostModel.load(Path(sys.argv[2]) if sys.argv[2] else default_cost_model_path())
+print(speed_factor((pair["before"]["total_s"] + pair["after"]["total_s"]) / 2, model))
+EOF
 }
 
 server_cycle_ms_of() {  # $1 a step report: the server's ms per cycle
@@ -157,6 +171,9 @@ real() {  # $1 policy, $2 load name, $3 workload file
     probe "$OUT/probe-$1-$2.after.json"
     probe_pair "$OUT/probe-$1-$2.before.json" "$OUT/probe-$1-$2.after.json" \
         "$OUT/probe-$1-$2.json"
+}
+
+step_report() {  # $1 policy, $2 load name: the run's step trace against the cost model in use
     "$QUANTA" step-report "$OUT/steps-$1-$2.jsonl" "${COST_FLAG[@]}" \
         --speed-factor "$(speed_factor_of "$OUT/probe-$1-$2.json")" --out "$OUT/steps-$1-$2.json"
 }
@@ -168,6 +185,9 @@ for load in $LOADS; do
     for policy in $POLICIES; do
         if [[ "$SKIP_REAL" != 1 ]]; then
             real "$policy" "$name" "$file"
+        fi
+        if [[ -f "$OUT/steps-$policy-$name.jsonl" && -f "$OUT/probe-$policy-$name.json" ]]; then
+            step_report "$policy" "$name"  # again with SKIP_REAL: the cost model may be new
         fi
         SPEED_FLAG=()
         if [[ -f "$OUT/probe-$policy-$name.json" ]]; then

@@ -47,6 +47,7 @@ from quanta_core.engine import SeqSlice, StepPlan, Truncate
 from quanta_core.engine.config import EngineConfig
 from quanta_core.engine.llama_cpp.executor import LlamaCppExecutor
 from quanta_core.engine.llama_cpp.tokenizer import Tokenizer
+from quanta_core.sim.server_cost import fit_server_cost
 from scripts.benchlib import console, environment, write_results
 from tests.server_process import ServerProcess, start_server
 
@@ -167,19 +168,10 @@ def server_cost(rows: list[dict[str, Any]]) -> dict[str, Any]:
         max(0.0, r["batch"] / r["http_tokens_per_s"] - r["batch"] / r["engine_tokens_per_s"])
         for r in rows
     ]
-    per_cycle, per_token = statistics.fmean(gaps), 0.0
-    if len(set(batches)) > 1:
-        per_token, per_cycle = statistics.linear_regression(batches, gaps)
-        if per_token < 0:
-            per_cycle, per_token = statistics.fmean(gaps), 0.0
-        elif per_cycle < 0:
-            per_cycle = 0.0
-            per_token = sum(g * b for g, b in zip(gaps, batches, strict=True)) / sum(
-                b * b for b in batches
-            )
+    cost = fit_server_cost(list(zip(batches, gaps, strict=True)))
     return {
-        "per_cycle_ms": 1e3 * per_cycle,
-        "per_token_ms": 1e3 * per_token,
+        "per_cycle_ms": 1e3 * cost.per_cycle_s,
+        "per_token_ms": 1e3 * cost.per_token_s,
         "gap_ms": {int(b): 1e3 * g for b, g in zip(batches, gaps, strict=True)},
     }
 

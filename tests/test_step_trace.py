@@ -14,12 +14,14 @@ from quanta_core.engine.fake import FakeExecutor
 from quanta_core.engine.types import SeqSlice, Stash, StepPlan
 from quanta_core.sim.cost_model import CostModel, StepFeatures, features_of
 from quanta_core.sim.executor import SimExecutor
+from quanta_core.sim.server_cost import fit_server_cost
 from quanta_core.sim.step_trace import (
     StepRecord,
     StepTracer,
     compare_trace,
     in_run,
     read_trace,
+    server_cost_of,
     speed_profile,
 )
 from scripts.fidelity_cross import cross_model
@@ -193,3 +195,43 @@ def test_a_cross_model_learns_the_shape_of_the_other_runs_steps_at_the_calibrati
         assert getattr(model, name) == pytest.approx(getattr(served, name), rel=1e-6)
     assert (model.per_stash, model.per_restore) == (1e-5, 2e-5)  # not in a trace: kept
     assert model.meta["fit"]["points"] == 20
+
+
+def test_the_server_cost_is_read_from_the_gaps_and_boundaries_per_streamed_token_count() -> None:
+    def decode(streams: int, gap: float, boundary: float) -> StepRecord:
+        plan = StepPlan(
+            slices=tuple(SeqSlice(s, (9,), 4, sample=True, owner=f"o{s}") for s in range(streams))
+        )
+        f = features_of(plan, dict.fromkeys(range(streams), 4), {})
+        return StepRecord(0.0, gap, 0.010, 0.010 + boundary, 0, tuple(f), plan)
+
+    # 1 ms per cycle + 0.2 ms per streamed token, the boundary 0.3 ms of it; one long gap
+    # per count (the server waited for an arrival) that the median ignores.
+    records = [
+        decode(n, 0.0007 + 0.0002 * n + (5.0 if i == 0 else 0.0), 0.0003)
+        for n in (1, 4, 8)
+        for i in range(7)
+    ]
+    records.append(decode(16, 0.0, 0.0))  # too rare a count to take a median of
+    cost = server_cost_of(records)
+    assert cost.per_cycle_s == pytest.approx(0.001)
+    assert cost.per_token_s == pytest.approx(0.0002)
+    with pytest.raises(ValueError, match="too few steps"):
+        server_cost_of(records[:3])
+
+
+@pytest.mark.parametrize(
+    ("points", "cycle", "token"),
+    [
+        ([(1, 0.002), (2, 0.003), (4, 0.005)], 0.001, 0.001),
+        ([(1, 0.003), (8, 0.002)], 0.0025, 0.0),  # falling: no per-token cost, the mean
+        ([(1, 0.001), (2, 0.003)], 0.0, 0.0014),  # through the origin, not below it
+        ([(3, 0.004)], 0.004, 0.0),
+    ],
+)
+def test_fit_server_cost_keeps_both_terms_non_negative(
+    points: list[tuple[int, float]], cycle: float, token: float
+) -> None:
+    cost = fit_server_cost(points)
+    assert cost.per_cycle_s == pytest.approx(cycle)
+    assert cost.per_token_s == pytest.approx(token)

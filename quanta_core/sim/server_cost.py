@@ -8,12 +8,16 @@ The real inter-token gap is the engine's step plus this; the simulator adds it t
     server_s = per_cycle_s + per_token_s * tokens handed out (sampled slices)
 
 Measured on the real server by ``scripts/bench_http_overhead.py`` (HTTP streaming against the
-engine alone at 1, 8 and 16 streams; its ``server_cost``), given to ``quanta sim`` with
-``--server-cycle-ms`` and ``--server-token-ms``. Zero for both: the engine alone.
+engine alone at 1, 8 and 16 streams; its ``server_cost``), or read from real servers' step
+traces (``scripts/fidelity_server_cost.py``: the gap before each step and its boundary), given
+to ``quanta sim`` with ``--server-cycle-ms`` and ``--server-token-ms``. Zero for both: the
+engine alone.
 """
 
 from __future__ import annotations
 
+import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from quanta_core.engine.types import StepPlan
@@ -33,3 +37,23 @@ class ServerCost:
         if not self.per_token_s:
             return self.per_cycle_s
         return self.per_cycle_s + self.per_token_s * sum(1 for s in plan.slices if s.sample)
+
+
+def fit_server_cost(points: Sequence[tuple[float, float]]) -> ServerCost:
+    """``seconds = per_cycle + per_token * tokens`` by least squares over ``(tokens, seconds)``
+    points, both coefficients >= 0 (one of them 0 where the line would go negative)."""
+    if not points:
+        raise ValueError("no points to fit a server cost on")
+    tokens = [float(n) for n, _ in points]
+    seconds = [max(0.0, s) for _, s in points]
+    if len(set(tokens)) < 2:
+        return ServerCost(per_cycle_s=statistics.fmean(seconds))
+    per_token, per_cycle = statistics.linear_regression(tokens, seconds)
+    if per_token < 0:
+        return ServerCost(per_cycle_s=statistics.fmean(seconds))
+    if per_cycle < 0:  # through the origin
+        slope = sum(n * s for n, s in zip(tokens, seconds, strict=True)) / sum(
+            n * n for n in tokens
+        )
+        return ServerCost(per_token_s=slope)
+    return ServerCost(per_cycle_s=per_cycle, per_token_s=per_token)

@@ -38,6 +38,7 @@ from quanta_core.engine.protocol import Executor, SteppedFromLoop
 from quanta_core.engine.types import EngineInfo, MemoryStats, StepPlan, StepResult
 from quanta_core.sim.cost_model import StepFeatures, features_of
 from quanta_core.sim.fit import group_of
+from quanta_core.sim.server_cost import ServerCost, fit_server_cost
 
 
 class StepRecord(msgspec.Struct, frozen=True):
@@ -211,6 +212,29 @@ def in_run(overall: TraceRow, speed_factor: float) -> InRun:
         speed_factor=overall.engine_ms / predicted_at_one,
         server_cycle_s=(overall.gap_ms + overall.boundary_ms) / 1e3,
     )
+
+
+# ---- the server's own time ----
+
+# A token count's median needs a few steps; rarer counts (fcfs's largest batches) are left out.
+SERVER_COST_MIN_STEPS = 5
+
+
+def server_cost_of(records: list[StepRecord]) -> ServerCost:
+    """The server's time around each step as the traces saw it: for each count of tokens the
+    step handed to streams (its sampled slices), the median of the gap before the step plus
+    its boundary (the step call beyond the worker's time); then ``per_cycle + per_token x
+    tokens`` fitted through those medians. The median ignores the gaps in which the server
+    only waited for a request to arrive."""
+    by_tokens: dict[int, list[float]] = defaultdict(list)
+    for r in served_steps(records):
+        if r.gap is not None and r.plan is not None:
+            tokens = sum(1 for s in r.plan.slices if s.sample)
+            by_tokens[tokens].append(r.gap + r.total - r.engine)
+    points = [(n, median(v)) for n, v in by_tokens.items() if len(v) >= SERVER_COST_MIN_STEPS]
+    if not points:
+        raise ValueError("the traces have too few steps with plans to read the server's time")
+    return fit_server_cost(points)
 
 
 # ---- the machine's speed over the run ----
