@@ -70,13 +70,20 @@ def compare(real: dict[str, Any], sim: dict[str, Any]) -> dict[str, Any]:
 
 
 def speed(folder: Path, key: str, sim: dict[str, Any]) -> dict[str, Any] | None:
-    """The speed factor of the row ``key``: mean, before and after the real run."""
+    """The speed factor of the row ``key``: mean, before and after the real run.
+
+    The probe file keeps the factors against the cost model of its day; the simulation may
+    have run on a newer one (``SKIP_REAL=1``), whose factor it recorded: the probe's two
+    readings are shown against that one."""
+    used = used_speed(folder, key, sim)
     path = folder / f"probe-{key}.json"
-    if path.exists():
-        doc = json.loads(path.read_text())
-        before, after = doc["before"]["speed_factor"], doc["after"]["speed_factor"]
-        return {"factor": doc["speed_factor"], "before": before, "after": after}
-    return used_speed(folder, key, sim)
+    if not path.exists():
+        return used
+    doc = json.loads(path.read_text())
+    factor = doc["speed_factor"] if used is None else used["factor"]
+    scale = factor / doc["speed_factor"]
+    before, after = doc["before"]["speed_factor"], doc["after"]["speed_factor"]
+    return {"factor": factor, "before": scale * before, "after": scale * after}
 
 
 def used_speed(folder: Path, key: str, sim: dict[str, Any]) -> dict[str, Any] | None:
