@@ -1,15 +1,17 @@
 """``quanta calibrate``: measure the real engine over a grid of steps and fit a cost model.
 
-    quanta calibrate                      # full grid, about 6 min on a quiet 2-core machine
+    quanta calibrate                      # full grid + served phase, about 9 min (2 cores)
+    quanta calibrate --no-served          # the grid alone, about 6 min
     quanta calibrate --quick              # small grid, about 30 s (tests, smoke runs)
     quanta calibrate --samples s.json     # also keep the raw samples ...
     quanta calibrate --refit s.json       # ... and fit them again, no engine needed
     quanta calibrate --probe-only --out probe.json   # how fast is the machine now? (~5 s)
 
 The grid and its runner are in ``app.calibration_grid`` (filled once, then repeat-major
-passes in shuffled order), the reference probe in ``app.calibration_probe``: measured during
-the calibration and kept in the cost model (``meta.probe``), measured alone by
-``--probe-only``, whose speed factor ``quanta sim --speed-factor`` takes.
+passes in shuffled order), the served phase between its visits in ``app.calibration_served``
+(the scheduler's own steps on the engine), the reference probe in ``app.calibration_probe``:
+measured during the calibration and kept in the cost model (``meta.probe``), measured alone
+by ``--probe-only``, whose speed factor ``quanta sim --speed-factor`` takes.
 """
 
 from __future__ import annotations
@@ -409,8 +411,9 @@ def calibrate(
 ) -> None:
     """Fit a cost model of step time from the real engine (or samples, with --refit).
 
-    Full grid: about 6 minutes on a quiet 2-core machine with SmolLM2-135M.
-    --quick: about 30 s. Calibrate on a quiet machine: other work counts as engine time.
+    Full grid and served phase: about 9 minutes on a quiet 2-core machine with SmolLM2-135M
+    (--no-served: about 6). --quick: about 30 s. Calibrate on a quiet machine: other work
+    counts as engine time.
     --probe-only: how many times slower the machine runs the reference probe now than when
     the cost model was calibrated (the factor for `quanta sim --speed-factor`).
     """
