@@ -61,7 +61,16 @@ def runs_by_key(folders: list[Path]) -> dict[str, list[Run]]:
 def compare_pair(first: Run, second: Run) -> dict[str, Any]:
     if first.workload != second.workload:
         raise ValueError(f"{first.path} and {second.path} ran different workloads")
-    figures = compare(first.doc, second.doc)
+    figures = {  # compare()'s names are a simulation's against its run: here, two runs
+        name: {
+            "first": f["real"],
+            "second": f["sim"],
+            "diff": f["error"],
+            "target": f["target"],
+            "within": f["within"],
+        }
+        for name, f in compare(first.doc, second.doc).items()
+    }
     return {
         "first": {"run": str(first.path), "at": first.when, "probe": first.probe},
         "second": {"run": str(second.path), "at": second.when, "probe": second.probe},
@@ -89,7 +98,9 @@ def table(pairs: dict[str, list[dict[str, Any]]]) -> str:
             for name, _, _ in FIGURES:
                 f = row["figures"][name]
                 mark = "" if f["within"] else " ✗"
-                cells.append(f"{f['real']:.1f} / {f['sim']:.1f} / {100 * f['error']:+.0f}%{mark}")
+                cells.append(
+                    f"{f['first']:.1f} / {f['second']:.1f} / {100 * f['diff']:+.0f}%{mark}"
+                )
             lines.append(f"| {policy} | {load} | {runs} | " + " | ".join(cells) + " |")
     targets = ", ".join(f"{n} ±{100 * t:.0f}%" for n, _, t in FIGURES)
     return "\n".join(
