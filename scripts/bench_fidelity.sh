@@ -45,7 +45,10 @@
 #               (quanta step-replay: $OUT/replay-<policy>-<load>.json, served / alone)
 #   SERVER_COST the server's own time per step    [bench/results/fidelity/server_cost.json]
 #               (scripts/fidelity_server_cost.py over the step traces of the set of 12:57:
-#               0.66 ms per cycle + 0.12 ms per streamed token; none: 0)
+#               0.66 ms per cycle + 0.12 ms per streamed token; none: 0). A set's own
+#               traces give the next set's: python -m scripts.fidelity_server_cost \
+#               NEXT.json "$OUT"/steps-*.jsonl (a set simulated with its own server time
+#               would take something from its runs)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
