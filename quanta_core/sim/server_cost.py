@@ -36,7 +36,12 @@ class ServerCost:
         """The server's time for the cycle that ran ``plan``."""
         if not self.per_token_s:
             return self.per_cycle_s
-        return self.per_cycle_s + self.per_token_s * sum(1 for s in plan.slices if s.sample)
+        return self.per_cycle_s + self.per_token_s * streamed_tokens(plan)
+
+
+def streamed_tokens(plan: StepPlan) -> int:
+    """The tokens a step hands to streams: one per sampled slice."""
+    return sum(1 for s in plan.slices if s.sample)
 
 
 def fit_server_cost(points: Sequence[tuple[float, float]]) -> ServerCost:

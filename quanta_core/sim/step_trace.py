@@ -38,7 +38,7 @@ from quanta_core.engine.protocol import Executor, SteppedFromLoop
 from quanta_core.engine.types import EngineInfo, MemoryStats, StepPlan, StepResult
 from quanta_core.sim.cost_model import StepFeatures, features_of
 from quanta_core.sim.fit import group_of
-from quanta_core.sim.server_cost import ServerCost, fit_server_cost
+from quanta_core.sim.server_cost import ServerCost, fit_server_cost, streamed_tokens
 
 
 class StepRecord(msgspec.Struct, frozen=True):
@@ -229,8 +229,7 @@ def server_cost_of(records: list[StepRecord]) -> ServerCost:
     by_tokens: dict[int, list[float]] = defaultdict(list)
     for r in served_steps(records):
         if r.gap is not None and r.plan is not None:
-            tokens = sum(1 for s in r.plan.slices if s.sample)
-            by_tokens[tokens].append(r.gap + r.total - r.engine)
+            by_tokens[streamed_tokens(r.plan)].append(r.gap + r.total - r.engine)
     points = [(n, median(v)) for n, v in by_tokens.items() if len(v) >= SERVER_COST_MIN_STEPS]
     if not points:
         raise ValueError("the traces have too few steps with plans to read the server's time")
