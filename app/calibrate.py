@@ -5,6 +5,7 @@
     quanta calibrate --quick              # small grid, about 30 s (tests, smoke runs)
     quanta calibrate --samples s.json     # also keep the raw samples ...
     quanta calibrate --refit s.json       # ... and fit them again, no engine needed
+    quanta calibrate --refit a.json --refit b.json   # two calibrations fitted together
     quanta calibrate --probe-only --out probe.json   # how fast is the machine now? (~5 s)
 
 The grid and its runner are in ``app.calibration_grid`` (filled once, then repeat-major
@@ -39,6 +40,7 @@ from app.calibration_probe import (
     ProbeResult,
     calibrated_probe_s,
     measure_probe,
+    merge_summaries,
     probe_report,
     summarise,
 )
@@ -314,12 +316,26 @@ def _settings(model: Path | None, threads: int | None, n_ctx: int | None) -> Set
         raise _fail(f"invalid settings: {exc}") from None
 
 
-def _load(path: Path) -> tuple[list[Sample], dict[str, Any]]:
-    try:
-        measured, meta = load_samples(path)
-    except ValueError as exc:
-        raise _fail(str(exc)) from None
-    return measured, {**meta, "refit_from": str(path)}
+def _load(paths: Sequence[Path]) -> tuple[list[Sample], dict[str, Any]]:
+    """The samples of every file, and the first one's meta: several calibrations of one model
+    on one machine fitted together (their probes' measurements too)."""
+    measured: list[Sample] = []
+    metas: list[dict[str, Any]] = []
+    for path in paths:
+        try:
+            samples, meta = load_samples(path)
+        except ValueError as exc:
+            raise _fail(str(exc)) from None
+        measured += samples
+        metas.append(meta)
+    meta = {**metas[0], "refit_from": [str(p) for p in paths]}
+    if len(metas) > 1:
+        for key in ("model", "machine", "threads", "n_ctx"):
+            if len({json.dumps(m.get(key)) for m in metas}) > 1:
+                raise _fail(f"the samples files differ in {key}: they cannot be fitted together")
+        meta["calibrations"] = [m.get("date") for m in metas]
+        meta["probe"] = merge_summaries([m.get("probe") for m in metas])
+    return measured, meta
 
 
 def _measure(
@@ -396,7 +412,11 @@ def calibrate(
     ] = None,
     samples: Annotated[Path | None, typer.Option(help="also write the raw samples here")] = None,
     refit: Annotated[
-        Path | None, typer.Option(help="fit a samples file again; no engine is started")
+        list[Path] | None,
+        typer.Option(
+            help="fit a samples file again, no engine started; repeated: several calibrations "
+            "fitted together"
+        ),
     ] = None,
     probe: Annotated[
         bool,
@@ -418,13 +438,13 @@ def calibrate(
     the cost model was calibrated (the factor for `quanta sim --speed-factor`).
     """
     if probe:
-        if refit is not None or samples is not None or plot is not None or repeats or quick:
+        if refit or samples is not None or plot is not None or repeats or quick:
             raise _fail("--probe-only measures the probe alone: drop --refit/--samples/--plot/…")
         probe_only(_settings(model, threads, n_ctx), cost_model, out)
         return
     if cost_model is not None:
         raise _fail("--cost-model goes with --probe-only")
-    if refit is not None:
+    if refit:
         if any(v is not None for v in (model, threads, n_ctx, repeats)) or quick:
             raise _fail("--refit fits a samples file again: drop --model/--threads/--n-ctx/…")
         measured, meta = _load(refit)

@@ -119,6 +119,20 @@ def summarise(probes: Sequence[ProbeResult]) -> dict[str, Any]:
     }
 
 
+def merge_summaries(summaries: Sequence[Any]) -> dict[str, Any] | None:
+    """One ``meta.probe`` from several calibrations' (fitted together): every measurement of
+    each, summarised as one calibration's; None unless each measured this probe."""
+    if not all(isinstance(s, Mapping) and s.get("work") == WORK for s in summaries):
+        return None
+    return summarise(
+        [
+            ProbeResult(m["parts"], m.get("at_s", 0.0))
+            for summary in summaries
+            for m in summary["measurements"]
+        ]
+    )
+
+
 # ---- the speed factor ----
 
 

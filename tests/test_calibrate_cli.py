@@ -359,11 +359,49 @@ def test_refit_from_a_samples_file(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     model = CostModel.load(out)
     for name, value in TRUE.coefficients().items():
         assert getattr(model, name) == pytest.approx(value, rel=1e-6), name
-    assert model.meta["refit_from"] == str(samples_file)
+    assert model.meta["refit_from"] == [str(samples_file)]
     assert set(model.meta["fit"]["errors"]) == {"all", "decode", "prefill", "mixed", "stash"}
     assert out.with_suffix(".png").stat().st_size > 0
     assert "per decode token" in result.output
     assert "MAPE" in result.output
+
+
+def probe_summary(*totals: float) -> dict[str, object]:
+    """A calibration's ``meta.probe`` whose measurements take ``totals`` seconds."""
+    unit = probe.ProbeResult({p.name: 1.0 for p in probe.PARTS}).total_s
+    return probe.summarise(
+        [
+            probe.ProbeResult({p.name: t / unit for p in probe.PARTS}, i)
+            for i, t in enumerate(totals)
+        ]
+    )
+
+
+def test_refit_of_two_calibrations_fits_their_samples_and_probes_together(tmp_path: Path) -> None:
+    grid = [s for s in fake_samples() if not s.warmup]
+    meta = {"model": "tiny.gguf", "machine": "2cpu-test", "threads": 2, "n_ctx": 8192}
+    first, second = tmp_path / "a.json", tmp_path / "b.json"
+    # The same grid twice, the second calibration 20 % slower throughout.
+    save_samples(first, grid, {**meta, "date": "10:00", "probe": probe_summary(1.0, 1.0)})
+    slower = [dataclasses.replace(s, seconds=1.2 * s.seconds) for s in grid]
+    save_samples(second, slower, {**meta, "date": "11:00", "probe": probe_summary(1.2, 1.2, 1.2)})
+    out = tmp_path / "m.json"
+    args = ["--refit", str(first), "--refit", str(second), "--out", str(out)]
+    result = CliRunner().invoke(command(), args)
+    assert result.exit_code == 0, result.output
+    model = CostModel.load(out)
+    assert model.meta["samples"] == 2 * len(grid)
+    assert model.meta["refit_from"] == [str(first), str(second)]
+    assert model.meta["calibrations"] == ["10:00", "11:00"]
+    assert len(model.meta["probe"]["measurements"]) == 5
+    assert probe.calibrated_probe_s(model) == pytest.approx(1.2)  # the median of the five
+    # Each grid point's median over both calibrations' repeats, half of them 1.2x: 1.1x.
+    assert model.per_decode == pytest.approx(1.1 * TRUE.per_decode, rel=1e-6)
+    other = tmp_path / "other.json"
+    save_samples(other, grid, {**meta, "machine": "8cpu-other"})
+    result = CliRunner().invoke(command(), ["--refit", str(first), "--refit", str(other)])
+    assert result.exit_code == 2
+    assert "differ in machine" in result.output
 
 
 def test_refit_with_out_and_plot(tmp_path: Path) -> None:
