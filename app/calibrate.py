@@ -334,6 +334,7 @@ def _load(paths: Sequence[Path]) -> tuple[list[Sample], dict[str, Any]]:
             if len({json.dumps(m.get(key)) for m in metas}) > 1:
                 raise _fail(f"the samples files differ in {key}: they cannot be fitted together")
         meta["calibrations"] = [m.get("date") for m in metas]
+        meta["served"] = [m.get("served") for m in metas]  # each calibration's, if it served
         meta["probe"] = merge_summaries([m.get("probe") for m in metas])
     return measured, meta
 

@@ -393,6 +393,7 @@ def test_refit_of_two_calibrations_fits_their_samples_and_probes_together(tmp_pa
     assert model.meta["samples"] == 2 * len(grid)
     assert model.meta["refit_from"] == [str(first), str(second)]
     assert model.meta["calibrations"] == ["10:00", "11:00"]
+    assert model.meta["served"] == [None, None]  # neither served (their grids alone)
     assert len(model.meta["probe"]["measurements"]) == 5
     assert probe.calibrated_probe_s(model) == pytest.approx(1.2)  # the median of the five
     # Each grid point's median over both calibrations' repeats, half of them 1.2x: 1.1x.
