@@ -25,7 +25,7 @@ from quanta_core.sim.fit import (
     save_samples,
 )
 
-TRUE = CostModel(  # shaped like the refit of bench/results/calibration_samples.json
+TRUE = CostModel(  # shaped like a refit of an earlier calibration's samples
     per_pass=0.008,
     per_batched_pass=0.0095,
     per_decode=0.011,
