@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
@@ -178,12 +178,6 @@ class Watcher(Protocol):
     def visited(self, point: Point) -> None: ...  # a visit ended
 
 
-class Interlude(Protocol):
-    """Work run on the runner's executor between visits (the served phase's segments)."""
-
-    def __call__(self) -> None: ...
-
-
 class GridRunner:
     """Runs grid points on an executor and records every timed step as a ``Sample``."""
 
@@ -192,12 +186,13 @@ class GridRunner:
         executor: Executor,
         seed: int = 0,
         probe_every: int | None = None,
-        interlude: Interlude | None = None,
+        interlude: Callable[[], None] | None = None,
     ) -> None:
         self.ex = executor
         self.rng = random.Random(seed)  # the tokens
         self.probe_every = probe_every  # None: no probes; 0: at the start and the end only
-        self.interlude = interlude  # after the fills and after each probe between visits
+        # Work between visits (the served phase's segments): after the fills and each probe.
+        self.interlude = interlude
         if probe_every is not None and executor.info.n_seq_max < SEQUENCES:
             raise ValueError(f"the reference probe needs {SEQUENCES} sequences")
         self.mirror = KvMirror.for_engine(executor.info)  # lengths before each step
