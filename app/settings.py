@@ -137,6 +137,12 @@ class Settings(BaseSettings):
         description="after the engine's heads-up (sampling the last sequence), poll this long for "
         "the step's reply before sleeping (0: always sleep)",
     )
+    call_spin_s: float = Field(
+        default=0.002,
+        ge=0,
+        description="after each reply, how long the engine worker polls for the next step "
+        "before sleeping, yielding the CPU between polls (0: always sleep)",
+    )
     step_trace: Path | None = Field(
         default=None,
         description="write every engine step's features and times here, one JSON line each "
@@ -187,5 +193,6 @@ class Settings(BaseSettings):
             threads=self.threads,
             omp_spincount=self.omp_spincount,
             reply_spin_s=self.reply_spin_s,
+            call_spin_s=self.call_spin_s,
             step_timeout_s=self.step_timeout_s,
         )

@@ -79,3 +79,23 @@ def test_a_silent_peer_times_out(pair: Pair) -> None:
     worker.sendall(HEADS_UP)
     with pytest.raises(TimeoutError):
         Channel(caller, Reply, timeout_s=0.05).recv(spin_s=0.001)
+
+
+@pytest.mark.parametrize("delay_s", [0.0, 0.005, 0.05])
+def test_an_idle_spin_gets_a_call_sent_before_during_or_after_it(
+    pair: Pair, delay_s: float
+) -> None:
+    worker, caller = pair
+    channel = Channel(worker, MemoryCall, timeout_s=5.0)
+    sender = Channel(caller, Reply)
+    threading.Timer(delay_s, sender.send, args=(MemoryCall(),)).start()
+    assert channel.recv(idle_spin_s=0.02) == MemoryCall()
+
+
+def test_an_idle_spin_still_sees_a_closed_peer_and_a_silent_one(pair: Pair) -> None:
+    worker, caller = pair
+    with pytest.raises(TimeoutError):
+        Channel(worker, MemoryCall, timeout_s=0.05).recv(idle_spin_s=0.01)
+    caller.close()
+    with pytest.raises(EOFError):
+        Channel(worker, MemoryCall, timeout_s=5.0).recv(idle_spin_s=0.01)

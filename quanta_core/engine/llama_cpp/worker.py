@@ -292,7 +292,8 @@ def serve(channel: Channel) -> None:
     channel.send(StartReply(engine.info()))
     while True:
         try:
-            call: Call = channel.recv()  # type: ignore[assignment]
+            message = channel.recv(idle_spin_s=engine.config.call_spin_s)
+            call: Call = message  # type: ignore[assignment]
         except EOFError:
             return
         if isinstance(call, ShutdownCall):
