@@ -141,18 +141,18 @@ def bench_round_trip(ex: LlamaCppExecutor, quick: bool) -> dict[str, Any]:
     ex.step(StepPlan(release=("rt",)))
     clear(ex)
     decode = [t for block in blocks for t in block]
-    step, boundary = boundary_share(decode)
+    step, boundary = step_and_boundary(decode)
     return {
         "empty_step_round_trip_us": rtt * 1e6,
         "decode_steps": len(decode),
         "decode_step_1seq_ms": step * 1e3,
         "boundary_per_decode_step_us": boundary * 1e6,
         "boundary_share_of_decode_step_pct": 100 * boundary / step,
-        "boundary_share_by_block_pct": [100 * b / s for s, b in map(boundary_share, blocks)],
+        "boundary_share_by_block_pct": [100 * b / s for s, b in map(step_and_boundary, blocks)],
     }
 
 
-def boundary_share(steps: list[StepTimings]) -> tuple[float, float]:
+def step_and_boundary(steps: list[StepTimings]) -> tuple[float, float]:
     """The median step and the median boundary of ``steps``."""
     step = statistics.median(t.total_s for t in steps)
     return step, statistics.median(t.total_s - t.engine_s for t in steps)
