@@ -381,6 +381,34 @@ def test_a_hung_worker_is_detected_by_the_timeout(model_path: Path) -> None:
         assert len(ex.step(StepPlan(slices=(SeqSlice(0, (1, 2), 0, True, "h"),))).outputs) == 1
 
 
+async def test_a_hung_worker_under_step_async_times_out_while_the_loop_runs_on(
+    model_path: Path,
+) -> None:
+    config = EngineConfig(
+        model_path=str(model_path), n_ctx=512, n_seq_max=2, threads=1, step_timeout_s=0.5
+    )
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    with LlamaCppExecutor.start(config) as ex:
+        pid = ex.pid
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)
+        ticker = asyncio.create_task(tick())
+        with pytest.raises(EngineHung):
+            await ex.step_async(StepPlan(slices=(SeqSlice(0, (1, 2), 0, True, "h"),)))
+        ticker.cancel()
+        assert ticks >= 10  # the loop was not blocked while it waited for the worker
+        ex.restart()
+        plan = StepPlan(slices=(SeqSlice(0, (1, 2), 0, True, "h"),))
+        assert len((await ex.step_async(plan)).outputs) == 1
+
+
 def test_penalties_change_a_repetitive_greedy_answer(
     engine: LlamaCppExecutor, tok: Tokenizer
 ) -> None:

@@ -99,3 +99,22 @@ def test_an_idle_spin_still_sees_a_closed_peer_and_a_silent_one(pair: Pair) -> N
     caller.close()
     with pytest.raises(EOFError):
         Channel(worker, MemoryCall, timeout_s=5.0).recv(idle_spin_s=0.01)
+
+
+def test_recv_nowait_returns_a_message_only_once_it_is_whole(pair: Pair) -> None:
+    caller, worker = pair
+    channel = Channel(caller, Reply, timeout_s=5.0)
+    assert channel.recv_nowait() is None  # nothing yet
+    body = Channel(worker, MemoryCall)._encoder.encode(ErrorReply("input", "whole"))
+    frame = HEADER.pack(len(body)) + body
+    worker.sendall(HEADS_UP + frame[:3])
+    assert channel.recv_nowait() is None  # the heads-up, and a header cut short
+    worker.sendall(frame[3:10])
+    assert channel.recv_nowait() is None  # a body cut short
+    worker.sendall(frame[10:] + HEADS_UP)
+    assert channel.recv_nowait() == ErrorReply("input", "whole")
+    threading.Timer(0.005, worker.sendall, args=(frame,)).start()
+    assert channel.recv_nowait(spin_s=1.0) == ErrorReply("input", "whole")  # behind a heads-up
+    worker.close()
+    with pytest.raises(EOFError):
+        channel.recv_nowait()

@@ -14,9 +14,10 @@ the event loop's thread (a cycle's bookkeeping is small); ``executor.step`` and
 ``executor.restart`` (blocking, 10-350 ms) run in the driver's own engine thread, so the loop
 stays free for HTTP while the engine works, and scheduler state is touched by one thread only.
 An executor that can be stepped from the loop (``SteppedFromLoop``: the llama.cpp worker's
-call is sent from the loop's thread and its reply read by a thread of the executor) is
-stepped with ``step_async`` instead: the hand-off to a thread then happens while the engine
-computes (measured ~0.4 ms less per cycle).
+call is sent from the loop's thread and its reply read by the loop itself, woken by the
+worker's heads-up) is stepped with ``step_async`` instead, with no hand-off between threads
+(measured ~0.4 ms less per cycle than a whole step in a thread; reading the reply on the loop
+rather than in a waiting thread, 0.1 ms less at one stream and 1.1 ms at sixteen).
 Each call of ``submit`` / ``cancel`` / ``stop`` wakes an idle loop.
 
 Failures: ``EngineDied`` restarts the executor and hands the scheduler the dead plan

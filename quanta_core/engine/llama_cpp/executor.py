@@ -2,7 +2,7 @@
 
     server process                              worker process
     ──────────────                              ──────────────
-    LlamaCppExecutor.step(plan)
+    LlamaCppExecutor.step(plan)   (or step_async, where the event loop waits and reads)
       KvMirror.check(plan)   (bad plan: refused here, nothing sent)
       attach stashed bytes for Restore ops
       send StepCall  ───── Unix socket ───────▶  kv ops, llama_decode, sample
@@ -24,8 +24,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import msgspec
@@ -145,7 +145,7 @@ class LlamaCppExecutor:
         self._lost_seqs: frozenset[int] = frozenset()
         self.restarts = 0
         self._waiter = ThreadPoolExecutor(1, thread_name_prefix="quanta-engine-reply")
-        self._in_flight: Future[StepResult] | None = None
+        self._in_flight: asyncio.Future[StepResult] | None = None
 
     @classmethod
     def start(cls, config: EngineConfig) -> LlamaCppExecutor:
@@ -170,27 +170,63 @@ class LlamaCppExecutor:
 
     async def step_async(self, plan: StepPlan) -> StepResult:
         """``step`` for an event loop: the call is sent from the loop's thread, so the worker
-        starts at once, and a waiting thread of this executor reads the reply. Handing the
-        whole step to a thread cost ~0.56 ms before it started (the thread waited for the
-        loop to let go of the GIL); now that hand-off happens while the worker computes.
-        Waiting on the loop itself (``add_reader``) was measured slower still: the loop woke
-        ~0.6 ms after the worker's heads-up, a thread blocked on the socket ~0.15 ms.
-        Plans that move stash bytes (large frames) are sent from the thread too. A cancelled
-        caller does not cancel the step: it completes, and the next waits for it."""
+        starts at once, and the loop itself reads the reply: it watches the socket, the
+        worker's heads-up wakes it, and it polls for the reply behind the heads-up (up to
+        ``reply_spin_s``) without blocking. Measured served, against a waiting thread that read
+        the reply and handed it to the loop (two servers in turn, step traces; results in
+        bench/results/ab/): the step call beyond the worker's time 0.65 -> 0.55 ms at one
+        stream, 1.56 -> 0.45 ms at sixteen, where that thread also had to win the interpreter
+        lock from a loop busy with the streams. Plans that move stash bytes (large frames) are
+        sent and read by a thread of this executor. A cancelled caller does not cancel the step: it completes, and
+        the next waits for it."""
         await self._previous_step()
         if any(isinstance(op, Stash | Restore) for op in plan.kv_ops):
-            self._in_flight = self._waiter.submit(self.step, plan)
+            self._in_flight = asyncio.wrap_future(self._waiter.submit(self.step, plan))
         else:
             t0 = time.perf_counter()
             channel, after = self._send_step(plan)
-            self._in_flight = self._waiter.submit(self._finish_step, channel, plan, after, t0)
-        return await asyncio.wrap_future(self._in_flight)
+            self._in_flight = self._read_on_loop(
+                channel, lambda reply: self._step_result(plan, after, reply, t0)
+            )
+        return await asyncio.shield(self._in_flight)
 
     async def _previous_step(self) -> None:
         """A step whose caller was cancelled still runs to its end (its reply read, the
         mirror moved on): the next one waits for that."""
         if self._in_flight is not None and not self._in_flight.done():
-            await asyncio.wait([asyncio.wrap_future(self._in_flight)])
+            await asyncio.wait([self._in_flight])
+
+    def _read_on_loop(
+        self, channel: Channel, finish: Callable[[object], StepResult]
+    ) -> asyncio.Future[StepResult]:
+        """The step's result, once the running loop has read the reply and ``finish`` made it
+        a result; a worker that has not answered within ``step_timeout_s`` is hung."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[StepResult] = loop.create_future()
+        fd = channel.sock.fileno()
+
+        def settle(outcome: StepResult | Exception) -> None:
+            loop.remove_reader(fd)
+            timer.cancel()
+            if done.done():
+                return
+            if isinstance(outcome, Exception):
+                done.set_exception(outcome)
+            else:
+                done.set_result(outcome)
+
+        def readable() -> None:
+            try:
+                with self._worker_errors():
+                    reply = channel.recv_nowait(self.config.reply_spin_s)
+                if reply is not None:
+                    settle(finish(reply))
+            except Exception as exc:
+                settle(exc)
+
+        timer = loop.call_later(self.config.step_timeout_s, lambda: settle(self._hung()))
+        loop.add_reader(fd, readable)
+        return done
 
     def _finish_step(
         self, channel: Channel, plan: StepPlan, after: KvMirror, t0: float
@@ -255,18 +291,22 @@ class LlamaCppExecutor:
         try:
             yield
         except TimeoutError:
-            code = self._lose_worker()
-            raise EngineHung(
-                f"the engine worker did not answer within {self.config.step_timeout_s} s "
-                "and was killed",
-                self._lost_seqs,
-                code,
-            ) from None
+            raise self._hung() from None
         except (OSError, EOFError):
             code = self._lose_worker()
             raise EngineDied(
                 f"the engine worker died (exit code {code})", self._lost_seqs, code
             ) from None
+
+    def _hung(self) -> EngineHung:
+        """The worker stopped answering: killed, and the error that says so."""
+        code = self._lose_worker()
+        return EngineHung(
+            f"the engine worker did not answer within {self.config.step_timeout_s} s "
+            "and was killed",
+            self._lost_seqs,
+            code,
+        )
 
     def _lose_worker(self) -> int | None:
         assert self._worker is not None

@@ -142,6 +142,30 @@ class Channel:
             raise ValueError(f"frame of {length} bytes is over the limit")
         return self._decoder.decode(self._take(length))
 
+    def recv_nowait(self, spin_s: float = 0.0) -> object | None:
+        """The next message if it has come whole, read without blocking (for a caller that
+        waits on an event loop and saw the socket readable); after a heads-up, poll up to
+        ``spin_s`` for the message behind it. None: not whole yet. ``EOFError`` when the peer
+        closed the socket."""
+        self._spin_read(0.0)
+        while self._end - self._start >= HEADER.size and self._peek_length() == 0:
+            self._start += HEADER.size  # a heads-up
+            if self._start == self._end and spin_s > 0:
+                self._spin_read(spin_s)
+        if self._end - self._start < HEADER.size:
+            return None
+        length = self._peek_length()
+        if HEADER.size + length > len(self._buf):
+            raise ValueError(f"a frame of {length} bytes cannot be read without blocking")
+        if self._end - self._start < HEADER.size + length:
+            return None
+        self._start += HEADER.size
+        return self._decoder.decode(self._take(length))
+
+    def _peek_length(self) -> int:
+        (length,) = HEADER.unpack_from(self._buf, self._start)
+        return int(length)
+
     def _spin_read(self, spin_s: float, yield_cpu: bool = False) -> None:
         """Read without sleeping for at most ``spin_s`` (each try lets other threads run;
         with ``yield_cpu``, other processes too)."""
