@@ -177,8 +177,8 @@ class LlamaCppExecutor:
         bench/results/ab/): the step call beyond the worker's time 0.65 -> 0.55 ms at one
         stream, 1.56 -> 0.45 ms at sixteen, where that thread also had to win the interpreter
         lock from a loop busy with the streams. Plans that move stash bytes (large frames) are
-        sent and read by a thread of this executor. A cancelled caller does not cancel the step: it completes, and
-        the next waits for it."""
+        sent and read by a thread of this executor. A cancelled caller does not cancel the
+        step: it completes, and the next waits for it."""
         await self._previous_step()
         if any(isinstance(op, Stash | Restore) for op in plan.kv_ops):
             self._in_flight = asyncio.wrap_future(self._waiter.submit(self.step, plan))
