@@ -27,6 +27,7 @@ from typing import Any
 import httpx
 from rich.table import Table
 
+from quanta_core.sim.fit import Group, group_of
 from quanta_core.sim.step_trace import StepRecord, read_trace
 from scripts.bench_http_overhead import http_rate
 from scripts.benchlib import console, environment, write_results
@@ -50,11 +51,10 @@ def short(settings: dict[str, str]) -> str:
 
 
 def decode_batch(record: StepRecord) -> int | None:
-    """The number of streams a step decoded one token each for; None for any other step."""
-    plan = record.plan
-    if plan is None or plan.kv_ops or not plan.slices:
-        return None
-    return len(plan.slices) if all(len(s.tokens) == 1 for s in plan.slices) else None
+    """The number of streams a step decoded one token each for, as ``quanta step-report``
+    counts a decode step; None for any other step."""
+    f = record.features
+    return f.decode_tokens if group_of(f) is Group.DECODE else None
 
 
 def step_figures(records: list[StepRecord]) -> dict[int, dict[str, float]]:

@@ -6,29 +6,28 @@ import argparse
 
 import pytest
 
-from quanta_core.engine.types import SeqSlice, StepPlan, Truncate
+from quanta_core.sim.cost_model import StepFeatures
 from quanta_core.sim.step_trace import StepRecord
 from scripts.bench_settings_ab import decode_batch, settings_arg, step_figures
 
 
-def decode(streams: int, pos: int = 10) -> StepPlan:
-    return StepPlan(slices=tuple(SeqSlice(s, (5,), pos, True, f"o{s}") for s in range(streams)))
+def decode(streams: int) -> StepFeatures:
+    return StepFeatures(seqs=streams, decode_tokens=streams)
 
 
-def record(plan: StepPlan | None, gap: float | None, engine: float, total: float) -> StepRecord:
-    return StepRecord(start=0.0, gap=gap, engine=engine, total=total, kv_ops=0, f=(), plan=plan)
+def record(f: StepFeatures, gap: float | None, engine: float, total: float) -> StepRecord:
+    return StepRecord(start=0.0, gap=gap, engine=engine, total=total, kv_ops=0, f=tuple(f))
 
 
 def test_only_steps_that_decode_one_token_per_stream_count() -> None:
     assert decode_batch(record(decode(3), 0.001, 0.01, 0.011)) == 3
-    prefill = StepPlan(slices=(SeqSlice(0, (1, 2, 3), 0, True, "p"),))
+    prefill = StepFeatures(seqs=1, prefill_tokens=3)
     assert decode_batch(record(prefill, 0.001, 0.01, 0.011)) is None
-    mixed = StepPlan(slices=(*decode(1).slices, SeqSlice(1, (1, 2), 0, True, "p")))
+    mixed = StepFeatures(seqs=2, decode_tokens=1, prefill_tokens=2)
     assert decode_batch(record(mixed, 0.001, 0.01, 0.011)) is None
-    freed = StepPlan(kv_ops=(Truncate(0),), slices=decode(1).slices)
-    assert decode_batch(record(freed, 0.001, 0.01, 0.011)) is None
-    assert decode_batch(record(None, 0.001, 0.01, 0.011)) is None
-    assert decode_batch(record(StepPlan(), 0.001, 0.01, 0.011)) is None
+    stash = StepFeatures(seqs=1, decode_tokens=1, stash_tokens=100)
+    assert decode_batch(record(stash, 0.001, 0.01, 0.011)) is None
+    assert decode_batch(record(StepFeatures(), 0.001, 0.01, 0.011)) is None
 
 
 def test_figures_are_medians_per_batch_and_a_cycle_is_a_step_and_the_gap_after_it() -> None:
@@ -39,7 +38,7 @@ def test_figures_are_medians_per_batch_and_a_cycle_is_a_step_and_the_gap_after_i
         record(decode(1), 0.5 * ms, 12 * ms, 12.4 * ms),
         record(decode(1), 0.4 * ms, 11 * ms, 11.3 * ms),
         record(decode(2), 5.0 * ms, 20 * ms, 21.0 * ms),  # another batch: ends the cycles of 1
-        record(StepPlan(kv_ops=(Truncate(0),)), 0.1 * ms, 1 * ms, 1.1 * ms),
+        record(StepFeatures(), 0.1 * ms, 1 * ms, 1.1 * ms),  # only frees sequences
     ]
     figures = step_figures(records)
     assert set(figures) == {1, 2}
