@@ -32,7 +32,8 @@ class EngineConfig:
     # cost ~0.1 ms of every step on this VM. Measured (12-01): the boundary of a one-sequence
     # decode step 0.24-0.29 -> 0.17-0.19 ms; served (scripts/bench_settings_ab.py, results in
     # bench/results/ab/), the engine's own steps ran faster too: 86.9 -> 93.3 tokens/s for one
-    # stream, 117.9 -> 125.4 for sixteen (medians of 6 rounds in turn).
+    # stream, 117.9 -> 125.4 for sixteen (medians of 6 rounds in turn); again once the loop
+    # read the replies itself, 73.6 -> 87.0 for one, 110.9 -> 109.4 (alike) for sixteen.
     call_spin_s: float = 0.002
     step_timeout_s: float = 60.0  # a step that takes longer is treated as a hung worker
     start_timeout_s: float = 120.0  # loading the model in a fresh worker
