@@ -144,7 +144,7 @@ class LlamaCppExecutor:
         self._stashes: dict[str, bytes] = {}
         self._lost_seqs: frozenset[int] = frozenset()
         self.restarts = 0
-        self._waiter = ThreadPoolExecutor(1, thread_name_prefix="quanta-engine-reply")
+        self._stash_thread = ThreadPoolExecutor(1, thread_name_prefix="quanta-engine-stash")
         self._in_flight: asyncio.Future[StepResult] | None = None
 
     @classmethod
@@ -181,7 +181,7 @@ class LlamaCppExecutor:
         step: it completes, and the next waits for it."""
         await self._previous_step()
         if any(isinstance(op, Stash | Restore) for op in plan.kv_ops):
-            self._in_flight = asyncio.wrap_future(self._waiter.submit(self.step, plan))
+            self._in_flight = asyncio.wrap_future(self._stash_thread.submit(self.step, plan))
         else:
             t0 = time.perf_counter()
             channel, after = self._send_step(plan)
@@ -326,7 +326,7 @@ class LlamaCppExecutor:
         self.restarts += 1
 
     def close(self) -> None:
-        self._waiter.shutdown(wait=False)
+        self._stash_thread.shutdown(wait=False)
         if self._worker is not None:
             self._worker.shutdown()
             self._worker = None
