@@ -8,13 +8,12 @@ from typing import Annotated, Any
 import typer
 from pydantic import ValidationError
 
-from app.bench.cli import bench_cli
-from app.calibrate import calibrate
-from app.settings import Settings
-from app.sim_cli import sim
-from app.step_replay import step_replay
-from app.step_report import step_report
-from app.sweep import sweep
+from app.lab.bench.cli import bench_cli
+from app.lab.calibrate import calibrate
+from app.lab.sim import sim
+from app.lab.steps import step_replay, step_report
+from app.lab.sweep import sweep
+from app.server.settings import Settings
 from app.tenancy.cli import migrate, tenants_cli
 
 cli = typer.Typer(help="Quanta: a multi-tenant LLM inference server.", no_args_is_help=True)
@@ -59,7 +58,7 @@ def run(
     except ValidationError as exc:
         typer.echo(f"invalid settings: {exc}", err=True)
         raise typer.Exit(code=2) from None
-    from app.serve import serve  # the web stack, for this command only
+    from app.server.serve import serve  # the web stack, for this command only
 
     code = serve(settings)
     if code:
@@ -69,7 +68,7 @@ def run(
 @cli.command()
 def version() -> None:
     """Print the version."""
-    from app.server import VERSION
+    from app.server.app import VERSION
 
     typer.echo(VERSION)
 

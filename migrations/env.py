@@ -18,7 +18,7 @@ def _url() -> str:
     url = config.attributes.get("database_url")
     if url:
         return str(url)
-    from app.settings import Settings
+    from app.server.settings import Settings
 
     return Settings().database_url
 

@@ -31,7 +31,7 @@ from sqlalchemy import insert
 from app.db.engine import make_engine
 from app.db.migrate import upgrade
 from app.db.models import ApiKey, QuotaPolicy, Tenant
-from app.settings import Settings
+from app.server.settings import Settings
 from app.tenancy.keys import KeyHasher, new_key_value, prefix_of
 from app.tenancy.service import Outcome, Tenancy
 

@@ -24,7 +24,7 @@ from typing import Any
 from rich.progress import Progress
 from rich.table import Table
 
-from app.settings import default_model_path
+from app.server.settings import default_model_path
 from quanta_core.engine import Restore, SeqSlice, Stash, StepPlan, StepTimings, Truncate
 from quanta_core.engine.config import EngineConfig
 from quanta_core.engine.llama_cpp.executor import LlamaCppExecutor

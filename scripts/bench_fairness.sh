@@ -35,7 +35,7 @@ cd "$ROOT"
 PY="$ROOT/.venv/bin/python"
 QUANTA="$ROOT/.venv/bin/quanta"
 
-MODEL="${MODEL:-$("$PY" -c 'from app.settings import default_model_path; print(default_model_path())')}"
+MODEL="${MODEL:-$("$PY" -c 'from app.server.settings import default_model_path; print(default_model_path())')}"
 THREADS="${THREADS:-2}"
 PORT="${PORT:-8091}"
 OUT="${OUT:-bench/results/fairness}"

@@ -56,7 +56,7 @@ cd "$ROOT"
 PY="$ROOT/.venv/bin/python"
 QUANTA="$ROOT/.venv/bin/quanta"
 
-MODEL="${MODEL:-$("$PY" -c 'from app.settings import default_model_path; print(default_model_path())')}"
+MODEL="${MODEL:-$("$PY" -c 'from app.server.settings import default_model_path; print(default_model_path())')}"
 THREADS="${THREADS:-2}"
 PORT="${PORT:-8092}"
 OUT="${OUT:-bench/results/fidelity}"
@@ -133,8 +133,8 @@ speed_factor_of() {  # $1 a probe pair's file: its mean probe time over the cost
     "$PY" - "$1" "${COST_MODEL:-}" <<'EOF'
 import json, sys
 from pathlib import Path
-from app.calibration_probe import speed_factor
-from app.sim_cli import default_cost_model_path
+from app.lab.calibrate.probe import speed_factor
+from app.lab.sim.command import default_cost_model_path
 from quanta_core.sim.cost_model import CostModel
 pair = json.load(open(sys.argv[1]))
 model = CostModel.load(Path(sys.argv[2]) if sys.argv[2] else default_cost_model_path())

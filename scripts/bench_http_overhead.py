@@ -42,7 +42,7 @@ from typing import Any
 import httpx
 from rich.table import Table
 
-from app.settings import default_model_path
+from app.server.settings import default_model_path
 from quanta_core.engine import SeqSlice, StepPlan, Truncate
 from quanta_core.engine.config import EngineConfig
 from quanta_core.engine.llama_cpp.executor import LlamaCppExecutor

@@ -32,7 +32,7 @@ PY="$ROOT/.venv/bin/python"
 QUANTA="$ROOT/.venv/bin/quanta"
 
 WORKLOAD="${WORKLOAD:-}"
-MODEL="${MODEL:-$("$PY" -c 'from app.settings import default_model_path; print(default_model_path())')}"
+MODEL="${MODEL:-$("$PY" -c 'from app.server.settings import default_model_path; print(default_model_path())')}"
 N_CTX="${N_CTX:-4096}"
 SLOTS="${SLOTS:-20}"
 THREADS="${THREADS:-$(nproc)}"

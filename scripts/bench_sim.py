@@ -25,8 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from app.settings import Settings
-from app.sim_cli import CostModelMissing, default_cost_model_path, sim_setup
+from app.lab.sim.command import CostModelMissing, default_cost_model_path, sim_setup
+from app.server.settings import Settings
 from quanta_core.metrics import summarize
 from quanta_core.sim.cost_model import CostModel
 from quanta_core.sim.run import SimOutcome, simulate

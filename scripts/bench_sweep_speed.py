@@ -20,9 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from app.settings import Settings
-from app.sim_cli import CostModelMissing, sim_setup
-from app.sweep import (
+from app.lab.sim.command import CostModelMissing, sim_setup
+from app.lab.sweep.command import (
     COST_MODELS,
     SweepJob,
     base_workload,
@@ -30,7 +29,8 @@ from app.sweep import (
     run_points,
     write_outputs,
 )
-from app.sweep_grid import Grid, expand, with_requests
+from app.lab.sweep.grid import Grid, expand, with_requests
+from app.server.settings import Settings
 from quanta_core.sim.cost_model import CostModel
 from scripts.bench_sim import STAND_IN
 from scripts.benchlib import console, environment, write_results

@@ -26,7 +26,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from app.sim_cli import default_cost_model_path
+from app.lab.sim.command import default_cost_model_path
 from quanta_core.sim.cost_model import CostModel, StepFeatures
 from quanta_core.sim.fit import fit_cost_model
 from quanta_core.sim.step_trace import StepRecord, compare_trace, in_run, read_trace, served_steps

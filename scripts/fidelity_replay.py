@@ -28,7 +28,7 @@ from pathlib import Path
 from statistics import fmean
 from typing import NamedTuple
 
-from app.sim_cli import default_cost_model_path
+from app.lab.sim.command import default_cost_model_path
 from quanta_core.sim.cost_model import CostModel
 from quanta_core.sim.step_trace import StepRecord, read_trace, served_steps
 from scripts.fidelity_cross import cross_model, simulate

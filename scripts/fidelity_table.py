@@ -33,7 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from app.bench.report import records_of
+from app.lab.bench.report import records_of
 from quanta_core.metrics import summarize
 
 # (name, path in the overall summary, target relative error)

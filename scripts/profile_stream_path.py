@@ -46,8 +46,8 @@ from typing import IO, Any
 
 import httpx
 
-from app.core import Core, CoreStats
-from app.settings import Settings, default_model_path
+from app.server.core import Core, CoreStats
+from app.server.settings import Settings, default_model_path
 from quanta_core.engine.fake import FakeExecutor
 from quanta_core.engine.types import StepPlan, StepResult
 from scripts.benchlib import console, environment, write_results
@@ -78,7 +78,7 @@ class TimedExecutor(FakeExecutor):
 
 
 def fake_engine_core(settings: Settings) -> Core:
-    from app.assemble import LlamaGrammars, scheduler_config
+    from app.server.assemble import LlamaGrammars, scheduler_config
     from quanta_core.clock import WallClock
     from quanta_core.engine.llama_cpp.tokenizer import Tokenizer
     from quanta_core.scheduler import Driver, Scheduler
@@ -131,8 +131,8 @@ def serve(port: int, step_ms: float) -> None:
 
     pin(0)
 
-    from app.serve import freeze_startup_heap
-    from app.server import create_app
+    from app.server.app import create_app
+    from app.server.serve import freeze_startup_heap
 
     TimedExecutor.step_s = step_ms / 1000
 

@@ -13,7 +13,7 @@ os.environ.setdefault("QUANTA_CONFIG", "/nonexistent/quanta.toml")
 @pytest.fixture(scope="session")
 def model_path() -> Path:
     """The default model (SmolLM2-135M); model tests are skipped where it cannot run."""
-    from app.settings import ModelNotFoundError, default_model_path
+    from app.server.settings import ModelNotFoundError, default_model_path
 
     if importlib.util.find_spec("llama_cpp") is None:
         pytest.skip("llama-cpp-python is not installed")

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.core import Core, CoreStats
+from app.server.core import Core, CoreStats
 from quanta_core.engine.types import TopLogprob
 from quanta_core.requests import (
     ChoiceFinished,

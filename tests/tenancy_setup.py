@@ -24,7 +24,7 @@ from app.admin.schemas import KeyCreate, QuotaIn, TenantCreate
 from app.admin.service import AdminService
 from app.db.engine import make_engine, make_sessionmaker
 from app.db.migrate import upgrade
-from app.settings import Settings
+from app.server.settings import Settings
 from app.tenancy.keys import KeyHasher
 
 ADMIN_KEY = "test-admin-key-0123456789abcdef"
@@ -111,7 +111,7 @@ def fresh_db(root: Path | None = None) -> TenancyDb:
 
 def fake_app(db: TenancyDb, driver: Any, **settings: Any) -> Any:
     """The real app on ``db`` with the scripted fake core (no model)."""
-    from app.server import create_app
+    from app.server.app import create_app
     from tests.fakes import fake_core
 
     return create_app(db.settings(**settings), core_factory=lambda _: fake_core(driver))

@@ -12,9 +12,9 @@ import pytest
 from litestar import Litestar
 from litestar.testing import AsyncTestClient
 
-from app.core import Core
-from app.server import create_app
-from app.settings import Settings
+from app.server.app import create_app
+from app.server.core import Core
+from app.server.settings import Settings
 from tests.fakes import MODEL, ByteTokenizer, FakeDriver, fake_core
 from tests.tenancy_setup import fresh_db
 

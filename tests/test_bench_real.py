@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from app.bench.report import load_result
 from app.cli import cli
+from app.lab.bench.report import load_result
 from tests.server_process import ServerProcess, start_server
 
 pytestmark = pytest.mark.model

@@ -24,13 +24,13 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from app.bench.client import Target
-from app.bench.compare import comparison_rows, print_comparison
-from app.bench.plots import plot_all
-from app.bench.report import build_result, load_result, records_of, write_result
-from app.bench.runner import RunOptions, run_plan
-from app.bench.table import print_result
 from app.cli import cli
+from app.lab.bench.client import Target
+from app.lab.bench.compare import comparison_rows, print_comparison
+from app.lab.bench.plots import plot_all
+from app.lab.bench.report import build_result, load_result, records_of, write_result
+from app.lab.bench.runner import RunOptions, run_plan
+from app.lab.bench.table import print_result
 from quanta_core.metrics import RequestRecord, SloTargets, summarize
 from quanta_core.requests import SloClass
 from quanta_core.workload import PlannedRequest, TenantSpec, WorkloadSpec, build_plan, fixed

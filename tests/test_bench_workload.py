@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from app.bench.prompts import prompt_token_ids, request_body
+from app.lab.bench.prompts import prompt_token_ids, request_body
 from quanta_core.metrics import SloTargets
 from quanta_core.requests import SloClass
 from quanta_core.workload import (

@@ -12,11 +12,10 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from app import calibrate as cal
-from app import calibration_probe as probe
-from app import calibration_served as served
-from app.calibrate import calibrate
-from app.calibration_grid import (
+from app.lab.calibrate import command as cal
+from app.lab.calibrate import probe, served
+from app.lab.calibrate.command import calibrate
+from app.lab.calibrate.grid import (
     FULL,
     QUICK,
     GridRunner,

@@ -5,16 +5,16 @@ from __future__ import annotations
 from quanta_core.engine.fake import FakeExecutor
 from quanta_core.engine.types import SamplingParams
 from quanta_core.requests import SloClass
-from quanta_core.scheduler.fair_policies import SloPolicy, VtcPolicy
-from quanta_core.scheduler.request import Request
-from quanta_core.scheduler.vtc import VirtualCounters
+from quanta_core.scheduler.choice import Choice
+from quanta_core.scheduler.policies.fair import SloPolicy, VtcPolicy
+from quanta_core.scheduler.policies.vtc import VirtualCounters
 from tests.scheduler_harness import Harness, prompt
 
 GREEDY = SamplingParams(temperature=0.0)
 
 
-def req(tenant: str, order: int, prompt_len: int = 4, weight: float = 1.0) -> Request:
-    return Request(
+def req(tenant: str, order: int, prompt_len: int = 4, weight: float = 1.0) -> Choice:
+    return Choice(
         request_id=f"{tenant}{order}",
         index=0,
         tokens=list(range(prompt_len)),

@@ -11,8 +11,8 @@ from quanta_core.engine.fake import FakeExecutor
 from quanta_core.engine.types import Stash
 from quanta_core.metrics.fairness import jain_index
 from quanta_core.scheduler import make_policy
-from quanta_core.scheduler.fair_policies import VtcPolicy
-from quanta_core.scheduler.vtc import FairQueue, VirtualCounters
+from quanta_core.scheduler.policies.fair import VtcPolicy
+from quanta_core.scheduler.policies.vtc import FairQueue, VirtualCounters
 from tests.fairness_sim import Load, closed_loop
 from tests.scheduler_harness import Harness, prompt
 from tests.test_fairness_counters import req

@@ -29,14 +29,14 @@ def computed_pair(kv: KvManager, n: int) -> tuple[list[int], list[int]]:
     """Sequences 0 and 1 admitted with distinct ``n``-token prompts, all computed."""
     first, second = toks(n, base=100), toks(n, base=500)
     for seq, tokens in ((0, first), (1, second)):
-        assert kv.admit(tokens, 512) is not None
+        assert kv.allocate(tokens, 512) is not None
         kv.commit(seq, tokens, n)
     return first, second
 
 
 def test_admit_takes_lowest_blocks_and_seq() -> None:
     kv = make()
-    adm = kv.admit(toks(40), budget=512)
+    adm = kv.allocate(toks(40), budget=512)
     assert adm is not None
     assert (adm.seq, adm.num_computed, adm.num_new, adm.cached_tokens) == (0, 0, 40, 0)
     assert kv.table(0) == [0, 1, 2]
@@ -48,7 +48,7 @@ def test_admit_takes_lowest_blocks_and_seq() -> None:
 
 def test_budget_limits_the_first_chunk() -> None:
     kv = make()
-    adm = kv.admit(toks(100), budget=20)
+    adm = kv.allocate(toks(100), budget=20)
     assert adm is not None and adm.num_new == 20
     assert kv.table(0) == [0, 1]
     assert kv.grow(0, 52)
@@ -59,7 +59,7 @@ def test_budget_limits_the_first_chunk() -> None:
 def test_finished_sequence_keeps_its_full_blocks_as_a_cache_holder() -> None:
     kv = make()
     prompt = toks(40)
-    assert kv.admit(prompt, 512) is not None
+    assert kv.allocate(prompt, 512) is not None
     kv.commit(0, prompt, 40)
     kv.free(0, num_computed=40)
     assert kv.drain_ops() == [Truncate(seq=0, start=32)]  # the partial tail goes
@@ -74,11 +74,11 @@ def test_finished_sequence_keeps_its_full_blocks_as_a_cache_holder() -> None:
 def test_prefix_hit_becomes_copy_prefix_and_reuses_blocks() -> None:
     kv = make()
     prompt = toks(40)
-    kv.admit(prompt, 512)
+    kv.allocate(prompt, 512)
     kv.commit(0, prompt, 40)
     kv.free(0, 40)
     kv.drain_ops()
-    adm = kv.admit([*prompt[:32], 7, 8, 9], 512)
+    adm = kv.allocate([*prompt[:32], 7, 8, 9], 512)
     assert adm is not None
     assert (adm.seq, adm.num_computed, adm.num_new, adm.cached_tokens) == (1, 32, 3, 32)
     assert kv.drain_ops() == [CopyPrefix(src=0, dst=1, n_tokens=32)]
@@ -93,11 +93,11 @@ def test_prefix_hit_becomes_copy_prefix_and_reuses_blocks() -> None:
 def test_the_whole_prompt_is_never_taken_from_the_cache() -> None:
     kv = make()
     prompt = toks(32)
-    kv.admit(prompt, 512)
+    kv.allocate(prompt, 512)
     kv.commit(0, prompt, 32)
     kv.free(0, 32)
     kv.drain_ops()
-    adm = kv.admit(prompt, 512)
+    adm = kv.allocate(prompt, 512)
     assert adm is not None
     assert (adm.num_computed, adm.num_new) == (16, 16)  # the last token must make logits
     assert kv.drain_ops() == [CopyPrefix(src=0, dst=1, n_tokens=16)]
@@ -108,11 +108,11 @@ def test_the_whole_prompt_is_never_taken_from_the_cache() -> None:
 def test_running_sequence_is_a_copy_source_once_its_blocks_are_computed() -> None:
     kv = make()
     prompt = toks(40)
-    kv.admit(prompt, 512)
-    assert kv.admit(prompt, 512) is not None  # not yet computed: no hit
+    kv.allocate(prompt, 512)
+    assert kv.allocate(prompt, 512) is not None  # not yet computed: no hit
     assert kv.drain_ops() == []
     kv.commit(0, prompt, 40)
-    adm = kv.admit(prompt, 512)
+    adm = kv.allocate(prompt, 512)
     assert adm is not None and adm.seq == 2
     assert kv.drain_ops() == [CopyPrefix(src=0, dst=2, n_tokens=32)]
     assert kv.table(2) == [0, 1, 6]
@@ -123,7 +123,7 @@ def test_lru_eviction_order_and_truncate_ops() -> None:
     kv = make(num_blocks=11, num_seqs=8)
     a, b = toks(48, base=100), toks(48, base=300)
     for tokens in (a, b):
-        adm = kv.admit(tokens, 512)
+        adm = kv.allocate(tokens, 512)
         assert adm is not None
         kv.commit(adm.seq, tokens, 48)
     kv.free(0, 48)  # a: blocks 0 1 2
@@ -131,7 +131,7 @@ def test_lru_eviction_order_and_truncate_ops() -> None:
     kv.drain_ops()
     assert list(kv.pool.lru) == [2, 1, 0, 5, 4, 3]
     # 5 free blocks; a 128-token request needs 8: evicts 3 cached blocks, oldest first
-    adm = kv.admit(toks(128, base=500), 512)
+    adm = kv.allocate(toks(128, base=500), 512)
     assert adm is not None and adm.seq == 2
     # Three blocks of holder 0 evicted tail first: one truncate to 0, not 32, 16, 0.
     assert kv.drain_ops() == [Truncate(seq=0, start=0)]
@@ -154,7 +154,7 @@ def test_a_cache_limit_evicts_the_least_recently_used_at_once() -> None:
     assert kv.stats().cached_blocks == 3
     kv.check_integrity()
     # What is left still hits.
-    adm = kv.admit([*second, 7, 8], 512)
+    adm = kv.allocate([*second, 7, 8], 512)
     assert adm is not None and adm.cached_tokens == 32
 
 
@@ -174,10 +174,10 @@ def test_a_cache_limit_cuts_a_holders_tail_once_and_stops_at_the_limit() -> None
 def test_evicting_a_shared_parent_truncates_every_holder() -> None:
     kv = make(num_blocks=6, num_seqs=4)
     p = toks(32)
-    kv.admit(p, 512)
+    kv.allocate(p, 512)
     kv.commit(0, p, 32)
     q = [*p[:16], *toks(16, base=900)]
-    kv.admit(q, 512)  # hits block 0 of seq 0
+    kv.allocate(q, 512)  # hits block 0 of seq 0
     kv.commit(1, q, 32)
     kv.free(0, 32)
     kv.free(1, 32)
@@ -185,7 +185,7 @@ def test_evicting_a_shared_parent_truncates_every_holder() -> None:
     assert kv.table(0) == [0, 1] and kv.table(1) == [0, 2]
     assert list(kv.pool.lru) == [1, 2, 0]
     # Take everything: 3 free + 3 cached. Block 0 goes with every holder that holds it.
-    adm = kv.admit(toks(96, base=2000), 512)
+    adm = kv.allocate(toks(96, base=2000), 512)
     assert adm is not None and adm.seq == 2
     assert kv.drain_ops() == [
         Truncate(seq=0, start=16),
@@ -200,7 +200,7 @@ def test_evicting_a_shared_parent_truncates_every_holder() -> None:
 
 def test_out_of_blocks_changes_nothing() -> None:
     kv = make(num_blocks=3)
-    assert kv.admit(toks(64), 512) is None
+    assert kv.allocate(toks(64), 512) is None
     assert kv.drain_ops() == []
     assert kv.stats().free_blocks == 3
     assert kv.num_seqs_available == 4
@@ -211,13 +211,13 @@ def test_holders_give_up_their_sequence_ids_when_ids_run_out() -> None:
     kv = make(num_blocks=11, num_seqs=2)
     for base in (100, 300):
         t = toks(16, base=base)
-        adm = kv.admit(t, 512)
+        adm = kv.allocate(t, 512)
         assert adm is not None
         kv.commit(adm.seq, t, 16)
         kv.free(adm.seq, 16)
     kv.drain_ops()
     assert kv.holders() == [0, 1]
-    adm = kv.admit(toks(5, base=700), 512)
+    adm = kv.allocate(toks(5, base=700), 512)
     assert adm is not None and adm.seq == 0
     assert kv.drain_ops() == [Truncate(seq=0, start=0)]
     assert kv.holders() == [1]
@@ -227,12 +227,12 @@ def test_holders_give_up_their_sequence_ids_when_ids_run_out() -> None:
 def test_hit_whose_holder_is_the_only_reclaimable_id_falls_back_to_computing() -> None:
     kv = make(num_blocks=11, num_seqs=2)
     p = toks(33)
-    kv.admit(p, 512)
+    kv.allocate(p, 512)
     kv.commit(0, p, 33)
     kv.free(0, 33)
-    kv.admit(toks(4, base=800), 512)  # seq 1 runs
+    kv.allocate(toks(4, base=800), 512)  # seq 1 runs
     kv.drain_ops()
-    adm = kv.admit(p, 512)
+    adm = kv.allocate(p, 512)
     assert adm is not None
     assert (adm.seq, adm.num_computed, adm.num_new) == (0, 0, 33)
     assert kv.drain_ops() == [Truncate(seq=0, start=0)]
@@ -242,10 +242,10 @@ def test_hit_whose_holder_is_the_only_reclaimable_id_falls_back_to_computing() -
 def test_sibling_copy_shares_full_blocks_and_gets_a_private_tail() -> None:
     kv = make()
     prompt = toks(40)
-    kv.admit(prompt, 512)
+    kv.allocate(prompt, 512)
     kv.commit(0, prompt, 40)
     kv.grow(0, 41)
-    adm = kv.admit(prompt, 512, copy_from=(0, 39))
+    adm = kv.allocate(prompt, 512, copy_from=(0, 39))
     assert adm is not None
     assert (adm.seq, adm.num_computed, adm.num_new, adm.cached_tokens) == (1, 39, 1, 0)
     assert kv.drain_ops() == [CopyPrefix(src=0, dst=1, n_tokens=39)]
@@ -257,7 +257,7 @@ def test_sibling_copy_shares_full_blocks_and_gets_a_private_tail() -> None:
 def test_stash_frees_blocks_and_restore_takes_fresh_ones() -> None:
     kv = make()
     prompt = toks(40)
-    kv.admit(prompt, 512)
+    kv.allocate(prompt, 512)
     kv.commit(0, prompt, 40)
     kv.stash(0, "r/0#1")
     assert kv.drain_ops() == [Stash(seq=0, key="r/0#1")]
@@ -274,12 +274,12 @@ def test_stash_frees_blocks_and_restore_takes_fresh_ones() -> None:
 def test_without_prefix_cache_free_drops_everything() -> None:
     kv = make(cache=False)
     prompt = toks(40)
-    kv.admit(prompt, 512)
+    kv.allocate(prompt, 512)
     kv.commit(0, prompt, 40)
     kv.free(0, 40)
     assert kv.drain_ops() == [Truncate(seq=0, start=0)]
     assert kv.holders() == []
-    adm = kv.admit(prompt, 512)
+    adm = kv.allocate(prompt, 512)
     assert adm is not None and adm.num_computed == 0
     assert kv.stats().prefix_queries == 0
     kv.check_integrity()
@@ -287,7 +287,7 @@ def test_without_prefix_cache_free_drops_everything() -> None:
 
 def test_reset_forgets_everything_and_can_wipe_the_engine() -> None:
     kv = make(num_seqs=2)
-    kv.admit(toks(40), 512)
+    kv.allocate(toks(40), 512)
     kv.reset(wipe_engine=True)
     assert kv.drain_ops() == [Truncate(seq=0, start=0), Truncate(seq=1, start=0)]
     assert kv.stats().free_blocks == 11
@@ -296,18 +296,18 @@ def test_reset_forgets_everything_and_can_wipe_the_engine() -> None:
 
 def test_integrity_check_catches_a_leak_and_a_double_free() -> None:
     kv = make()
-    kv.admit(toks(40), 512)
+    kv.allocate(toks(40), 512)
     block = kv.pool.blocks[1]
     block.seqs.discard(0)  # a table still lists it: leak
     with pytest.raises(KvIntegrityError):
         kv.check_integrity()
     kv = make()
-    kv.admit(toks(40), 512)
+    kv.allocate(toks(40), 512)
     kv.pool.free.append(0)  # freed while held
     with pytest.raises(KvIntegrityError):
         kv.check_integrity()
     kv = make()
-    kv.admit(toks(40), 512)
+    kv.allocate(toks(40), 512)
     kv.free(0, 40)
     with pytest.raises(KvIntegrityError):
         kv.free(0, 40)

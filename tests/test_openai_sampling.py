@@ -7,9 +7,9 @@ from typing import Any
 import msgspec
 import pytest
 
-from app.errors import ApiError, ContextLengthExceeded
 from app.openai.sampling import chat_plan, completion_plan
 from app.openai.schemas import ChatCompletionRequest, CompletionRequest
+from app.server.errors import ApiError, ContextLengthExceeded
 from tests.fakes import ByteTokenizer, FakeGrammars
 
 TOK, GRAMMARS = ByteTokenizer(), FakeGrammars()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from quanta_core.scheduler import PolicyName, SchedulerConfig, make_policy
-from quanta_core.scheduler.policies import FcfsPolicy, SequentialPolicy, StaticPolicy
+from quanta_core.scheduler.policies.baselines import FcfsPolicy, SequentialPolicy, StaticPolicy
 from tests.scheduler_harness import Harness, expected_tokens, prompt
 
 

@@ -16,7 +16,7 @@ from quanta_core.engine.types import StepPlan
 from quanta_core.kv import KvManager
 from quanta_core.requests import FinishReason, SloClass
 from quanta_core.scheduler import QueueBound, SloConfig
-from quanta_core.scheduler.request import RequestStatus
+from quanta_core.scheduler.choice import ChoiceStatus
 from tests.scheduler_harness import Harness, expected_tokens
 
 BS = 16
@@ -153,7 +153,7 @@ def test_random_workloads_never_leak_and_never_lose_a_token(
                 assert len(streamed) == min(max_tokens, n_ctx - len(p))
             if res.finish_reason is FinishReason.STOP:
                 assert eos_k is not None and res.completion_tokens == eos_k
-    assert all(r.status is RequestStatus.FINISHED for g in h.sched._groups.values() for r in g)
+    assert all(r.status is ChoiceStatus.FINISHED for g in h.sched._groups.values() for r in g)
     for res in results.values():
         if res.finish_reason is FinishReason.REJECTED and res.rejection is not None:
             # a load rejection (or a shed) never threw work away, and says when to come back
@@ -181,7 +181,7 @@ def test_block_manager_operations_keep_the_books_exact(
     for i, (op, x) in enumerate(ops):
         if op == "admit":
             tokens = [x % 3] * (1 + x % 9) + [i]
-            adm = kv.admit(tokens, budget=1 + x % 7)
+            adm = kv.allocate(tokens, budget=1 + x % 7)
             if adm is not None:
                 assert adm.seq not in live
                 done = adm.num_computed + adm.num_new

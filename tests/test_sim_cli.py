@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from app.bench.report import SCHEMA, load_result
-from app.calibration_probe import PROBE_SCHEMA, WORK
 from app.cli import cli
+from app.lab.bench.report import SCHEMA, load_result
+from app.lab.calibrate.probe import PROBE_SCHEMA, WORK
 from quanta_core.sim.cost_model import CostModel
 
 ROOT = Path(__file__).resolve().parent.parent

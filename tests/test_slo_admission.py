@@ -26,7 +26,7 @@ from quanta_core.scheduler import (
     SchedulerConfig,
     SloConfig,
 )
-from quanta_core.scheduler.fair_policies import SloPolicy
+from quanta_core.scheduler.policies.fair import SloPolicy
 from tests.scheduler_harness import Harness, prompt
 
 INTER, BATCH = SloClass.INTERACTIVE, SloClass.BATCH

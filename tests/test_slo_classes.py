@@ -9,7 +9,7 @@ from quanta_core.engine.fake import FakeExecutor
 from quanta_core.engine.types import Stash
 from quanta_core.requests import SloClass
 from quanta_core.scheduler import SloConfig, make_policy
-from quanta_core.scheduler.fair_policies import SloPolicy
+from quanta_core.scheduler.policies.fair import SloPolicy
 from tests.fairness_sim import Load, Simulation
 from tests.scheduler_harness import Harness, prompt
 from tests.test_fairness_vtc import first_owners

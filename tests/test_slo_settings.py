@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from app.assemble import scheduler_config
-from app.core import CoreStats
-from app.metrics import Metrics
-from app.settings import Settings
+from app.server.assemble import scheduler_config
+from app.server.core import CoreStats
+from app.server.metrics import Metrics
+from app.server.settings import Settings
 from quanta_core.scheduler import PolicyName, QueueBound, SloConfig
 
 

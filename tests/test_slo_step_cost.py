@@ -15,7 +15,7 @@ from quanta_core.engine.fake import FakeExecutor
 from quanta_core.engine.types import StepPlan, StepResult, StepTimings
 from quanta_core.requests import SloClass
 from quanta_core.scheduler import SloConfig
-from quanta_core.scheduler.fair_policies import SloPolicy
+from quanta_core.scheduler.policies.fair import SloPolicy
 from quanta_core.scheduler.step_cost import StepCostModel
 from tests.scheduler_harness import Harness, prompt
 

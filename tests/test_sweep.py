@@ -16,8 +16,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from app.sweep import sweep
-from app.sweep_grid import (
+from app.lab.sweep.command import sweep
+from app.lab.sweep.grid import (
     Grid,
     GridError,
     expand,
@@ -28,7 +28,7 @@ from app.sweep_grid import (
     with_rate,
     with_requests,
 )
-from app.sweep_plots import curves, knee
+from app.lab.sweep.plots import curves, knee
 from quanta_core.scheduler import SchedulerConfig
 from quanta_core.workload import TenantSpec, TraceSpec, WorkloadError, WorkloadSpec, fixed
 
@@ -328,7 +328,7 @@ def test_a_failing_point_is_named(
     def broken(*args: object) -> None:
         raise RuntimeError("scheduler bug")
 
-    monkeypatch.setattr("app.sweep.simulate", broken)
+    monkeypatch.setattr("app.lab.sweep.command.simulate", broken)
     code, output = _tiny(cost_model, workload, tmp_path / "out", "--jobs", "1")
     assert code == 1
     assert "point 0" in output and "policy='fcfs'" in output and "scheduler bug" in output

@@ -27,7 +27,7 @@ from app.admin.schemas import (
     TenantUpdate,
 )
 from app.db.models import ApiKey, AuditEntry, QuotaPolicy, Tenant
-from app.errors import Conflict, InvalidParameter, NotFound
+from app.server.errors import Conflict, InvalidParameter, NotFound
 from app.tenancy.keys import KeyHasher, new_id, new_key_value, prefix_of, redacted
 
 OnChange = Callable[[AsyncSession, str], Awaitable[None]]

@@ -12,7 +12,7 @@ from typing import TypeVar
 
 from litestar.types import Receive
 
-from app.errors import ClientDisconnected
+from app.server.errors import ClientDisconnected
 
 T = TypeVar("T")
 

@@ -15,14 +15,14 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Literal
 
-from app.context import RequestContext
-from app.core import Core
-from app.errors import ApiError, GenerationFailed, Overloaded, RateLimited
-from app.metrics import Metrics
 from app.openai.choices import ChoiceText, Piece
 from app.openai.sampling import Plan
 from app.openai.schemas import PromptTokensDetails, ServerTiming, Usage
 from app.openai.stop import StopMatcher
+from app.server.context import RequestContext
+from app.server.core import Core
+from app.server.errors import ApiError, GenerationFailed, Overloaded, RateLimited
+from app.server.metrics import Metrics
 from app.tenancy.service import Outcome
 from quanta_core.requests import (
     ChoiceResult,

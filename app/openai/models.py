@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from app.errors import ModelNotFound
 from app.openai.schemas import ModelCard, ModelList
-from app.state import ServerState
+from app.server.errors import ModelNotFound
+from app.server.state import ServerState
 
 OWNER = "quanta"
 

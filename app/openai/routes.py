@@ -9,8 +9,6 @@ from litestar import Controller, Request, Response, get, post
 from litestar.di import NamedDependency, Provide
 from litestar.params import FromPath, JSONBody
 
-from app.context import RequestContext, provide_context
-from app.metrics import Metrics
 from app.openai.models import ModelService
 from app.openai.openapi import (
     COMPLETION_RESPONSES,
@@ -27,7 +25,9 @@ from app.openai.schemas import (
     ModelList,
 )
 from app.openai.service import CompletionService
-from app.state import ServerState
+from app.server.context import RequestContext, provide_context
+from app.server.metrics import Metrics
+from app.server.state import ServerState
 from app.tenancy.gate import require_api_key
 
 

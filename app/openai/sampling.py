@@ -10,12 +10,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from app.errors import ContextLengthExceeded, InvalidParameter, UnsupportedParameter
 from app.openai.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
     ResponseFormat,
 )
+from app.server.errors import ContextLengthExceeded, InvalidParameter, UnsupportedParameter
 from quanta_core.engine.types import SamplingParams
 
 SEED_MASK = 0xFFFFFFFF  # llama.cpp seeds are 32-bit

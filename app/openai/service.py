@@ -10,17 +10,17 @@ from litestar import Response
 from litestar.response import Stream
 from litestar.types import Receive
 
-from app.context import RequestContext
-from app.core import Core
-from app.errors import ModelNotFound
-from app.metrics import Metrics
 from app.openai.disconnect import unless_disconnected
 from app.openai.generation import Generation, Update
 from app.openai.render import ChatRenderer, Collected, CompletionRenderer, Header, Renderer
 from app.openai.sampling import Plan, chat_plan, completion_plan
 from app.openai.schemas import ChatCompletionRequest, CompletionRequest
 from app.openai.streaming import event_stream
-from app.state import ServerState
+from app.server.context import RequestContext
+from app.server.core import Core
+from app.server.errors import ModelNotFound
+from app.server.metrics import Metrics
+from app.server.state import ServerState
 
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 

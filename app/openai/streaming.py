@@ -9,9 +9,9 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 
-from app.errors import ApiError, GenerationFailed
 from app.openai.generation import Generation, Update
 from app.openai.render import Renderer, sse
+from app.server.errors import ApiError, GenerationFailed
 
 log = logging.getLogger("quanta.streaming")
 

@@ -21,8 +21,8 @@ from app.admin.service import AdminService
 from app.db.engine import make_engine, make_sessionmaker
 from app.db.migrate import NotAtHead, check_at_head, current_revision, upgrade
 from app.db.models import AdminCredential, Tenant
-from app.errors import ApiError
-from app.settings import Settings
+from app.server.errors import ApiError
+from app.server.settings import Settings
 from app.tenancy.keys import KeyHasher, load_secret, sha256_hex
 
 tenants_cli = typer.Typer(help="Tenants and their API keys.", no_args_is_help=True)

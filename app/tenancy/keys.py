@@ -17,7 +17,7 @@ import secrets
 import time
 from pathlib import Path
 
-from app.settings import MIN_SECRET_CHARS, Settings
+from app.server.settings import MIN_SECRET_CHARS, Settings
 
 KEY_PREFIX = "qk-"
 PREFIX_CHARS = len(KEY_PREFIX) + 8

@@ -22,8 +22,8 @@ from sqlalchemy import func, select
 from app.db.engine import make_engine, make_sessionmaker
 from app.db.migrate import check_at_head
 from app.db.models import AdminCredential, DailyUsage, UsageRecord
-from app.errors import InvalidApiKey, RateLimited, TenantSuspended
-from app.settings import Settings
+from app.server.errors import InvalidApiKey, RateLimited, TenantSuspended
+from app.server.settings import Settings
 from app.tenancy.directory import Directory, KeyView, TenantView
 from app.tenancy.keys import KeyHasher, load_secret, same_digest, sha256_hex
 from app.tenancy.ledger import LedgerWriter, UsageRow, utc_day

@@ -1,11 +1,11 @@
 """KV memory: blocks over the engine's buffer, block tables, the prefix cache."""
 
 from quanta_core.kv.block_pool import Block, BlockPool, BlockState, KvIntegrityError
-from quanta_core.kv.kv_manager import Admission, KvManager, KvStats, SeqRole
+from quanta_core.kv.kv_manager import Allocation, KvManager, KvStats, SeqRole
 from quanta_core.kv.prefix_cache import PrefixCache, chain_hashes
 
 __all__ = [
-    "Admission",
+    "Allocation",
     "Block",
     "BlockPool",
     "BlockState",

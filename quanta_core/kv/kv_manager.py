@@ -47,7 +47,7 @@ class SeqTable:
 
 
 @dataclass(frozen=True, slots=True)
-class Admission:
+class Allocation:
     """A sequence id was taken and blocks reserved for its first ``num_new`` tokens."""
 
     seq: int
@@ -142,9 +142,9 @@ class KvManager:
 
     # ---- admission ----
 
-    def admit(
+    def allocate(
         self, tokens: Sequence[int], budget: int, copy_from: tuple[int, int] | None = None
-    ) -> Admission | None:
+    ) -> Allocation | None:
         """Give a new sequence id the longest shared prefix of ``tokens`` and room for a chunk.
 
         ``copy_from=(seq, n)`` shares the first ``n`` tokens of a running sibling (n > 1
@@ -185,7 +185,7 @@ class KvManager:
         seq = self._acquire_seq(exclude=src)
         if seq is None and from_cache:
             # The only reclaimable id is the hit's holder: give up the hit, not the request.
-            return self._admit_plain(tokens, budget)
+            return self._allocate_plain(tokens, budget)
         if seq is None:
             return None
         if from_cache:
@@ -203,9 +203,9 @@ class KvManager:
             self._hold(b, seq, active=True)
             st.table.append(b)
         self._reserve(st, n_copy + num_new)
-        return Admission(seq, n_copy, num_new, n_copy if from_cache else 0)
+        return Allocation(seq, n_copy, num_new, n_copy if from_cache else 0)
 
-    def _admit_plain(self, tokens: Sequence[int], budget: int) -> Admission | None:
+    def _allocate_plain(self, tokens: Sequence[int], budget: int) -> Allocation | None:
         num_new = min(len(tokens), budget)
         if cdiv(num_new, self.block_size) > self.num_free_blocks:
             return None
@@ -216,11 +216,11 @@ class KvManager:
         st = SeqTable(seq, SeqRole.ACTIVE)
         self._seqs[seq] = st
         self._reserve(st, num_new)
-        return Admission(seq, 0, num_new, 0)
+        return Allocation(seq, 0, num_new, 0)
 
     def restore(
         self, key: str, tokens: Sequence[int], n_stashed: int, budget: int
-    ) -> Admission | None:
+    ) -> Allocation | None:
         """Bring a stash back into fresh blocks of a new sequence id (its cells are new)."""
         num_new = min(len(tokens) - n_stashed, budget)
         if num_new <= 0 or cdiv(n_stashed + num_new, self.block_size) > self.num_free_blocks:
@@ -233,7 +233,7 @@ class KvManager:
         self._ops.append(Restore(seq=seq, key=key))
         self._reserve(st, n_stashed + num_new)
         self.commit(seq, tokens, n_stashed)
-        return Admission(seq, n_stashed, num_new, 0)
+        return Allocation(seq, n_stashed, num_new, 0)
 
     # ---- growth and release ----
 

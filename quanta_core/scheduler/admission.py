@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from quanta_core.requests import RejectionKind
-from quanta_core.scheduler.request import Request
+from quanta_core.scheduler.choice import Choice
 
 
 class AdmissionDecision(Enum):
@@ -21,7 +21,7 @@ class AdmissionVerdict:
     reason: str | None = None  # REJECT: why, for the client
     rejection: RejectionKind | None = None  # REJECT: 429 (tenant over its share) or 503
     retry_after_s: float | None = None  # REJECT: when the same request may be admitted
-    shed: tuple[Request, ...] = ()  # queued requests to reject to make room for this one
+    shed: tuple[Choice, ...] = ()  # queued requests to reject to make room for this one
     shed_retry_after_s: float | None = None  # what those are told
 
     @classmethod

@@ -40,17 +40,17 @@ from quanta_core.requests import (
     TokenEvent,
 )
 from quanta_core.scheduler.admission import AdmissionDecision, AdmissionVerdict
+from quanta_core.scheduler.choice import Choice, ChoiceStatus
 from quanta_core.scheduler.config import SchedulerConfig, StepLimits
 from quanta_core.scheduler.handle import Event
-from quanta_core.scheduler.policies import AdmitDecision, TenantStats
+from quanta_core.scheduler.policies import make_policy
+from quanta_core.scheduler.policies.base import StartDecision, TenantStats
 from quanta_core.scheduler.preemption import PreemptionCosts, PreemptMode
-from quanta_core.scheduler.registry import make_policy
-from quanta_core.scheduler.request import Request, RequestStatus
 
 # Reasons whose KV is sound and worth keeping in the prefix cache.
 _CACHEABLE = frozenset({FinishReason.STOP, FinishReason.LENGTH, FinishReason.CANCELLED})
 # For the per-step loop: in Python 3.11 looking up an enum member costs a descriptor call.
-_RUNNING = RequestStatus.RUNNING
+_RUNNING = ChoiceStatus.RUNNING
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,9 +109,9 @@ class Scheduler:
             config.prefill_tokens_per_s,
             config.stash_budget_bytes,
         )
-        self._running: dict[Request, None] = {}  # admission order
-        self._by_seq: dict[int, Request] = {}
-        self._groups: dict[str, list[Request]] = {}  # request_id -> choices, while any is live
+        self._running: dict[Choice, None] = {}  # admission order
+        self._by_seq: dict[int, Choice] = {}
+        self._groups: dict[str, list[Choice]] = {}  # request_id -> choices, while any is live
         self._cancels: list[str] = []
         self._release: list[str] = []  # samplers to free in the next plan
         self._stash_bytes: dict[str, int] = {}  # key -> bytes (estimate until the step says)
@@ -128,7 +128,7 @@ class Scheduler:
         with a reason, and for a load rejection its kind and a retry-after."""
         now = self.clock.now()
         self._order += 1
-        choices = Request.choices_of(req, now, self._order)
+        choices = Choice.choices_of(req, now, self._order)
         reason = self._reject_reason(req)
         verdict = (
             AdmissionVerdict(AdmissionDecision.REJECT, reason)
@@ -222,7 +222,7 @@ class Scheduler:
     def check_integrity(self) -> None:
         self.kv.check_integrity()
         for r in self._running:
-            if r.status is not RequestStatus.RUNNING or r.seq is None:
+            if r.status is not ChoiceStatus.RUNNING or r.seq is None:
                 raise RuntimeError(f"{r.owner} is listed running but is {r.status.value}")
             if self._by_seq.get(r.seq) is not r:
                 raise RuntimeError(f"{r.owner}'s sequence {r.seq} is filed under another")
@@ -242,7 +242,7 @@ class Scheduler:
         slices: list[SeqSlice] = []
         queue = policy.order_running(list(running))
         preempted = False
-        deferred: list[Request] = []
+        deferred: list[Choice] = []
         for i, r in enumerate(queue):
             if budget <= 0:
                 break
@@ -254,7 +254,7 @@ class Scheduler:
             assert r.seq is not None
             n = min(len(r.tokens) - r.num_computed_tokens, budget)
             while not kv.grow(r.seq, r.num_computed_tokens + n):
-                candidates = [c for c in queue[i:] if c.status is RequestStatus.RUNNING]
+                candidates = [c for c in queue[i:] if c.status is ChoiceStatus.RUNNING]
                 victim = policy.pick_victim(candidates)
                 self._preempt(victim, now)
                 preempted = True
@@ -264,18 +264,18 @@ class Scheduler:
                 slices.append(self._slice(r, n, now))
                 budget -= n
         if not preempted and policy.waiting:  # most steps: nobody waits
-            budget = self._admit(budget, limits.max_running, slices, now)
+            budget = self._start_waiting(budget, limits.max_running, slices, now)
         for r in deferred:
             budget = self._run_deferred(r, budget, slices, now)
         plan = StepPlan(tuple(kv.drain_ops()), tuple(slices), tuple(self._release))
         self._release.clear()
         return plan
 
-    def _run_deferred(self, r: Request, budget: int, slices: list[SeqSlice], now: float) -> int:
+    def _run_deferred(self, r: Choice, budget: int, slices: list[SeqSlice], now: float) -> int:
         """What admission left of the budget, for a running request the policy put after it
         (never a cause to preempt: without room it waits for the next step)."""
         allowed = self._room(budget, slices)
-        if allowed <= 0 or r.status is not RequestStatus.RUNNING:
+        if allowed <= 0 or r.status is not ChoiceStatus.RUNNING:
             return budget
         assert r.seq is not None
         n = min(r.num_tokens - r.num_computed_tokens, allowed)
@@ -284,9 +284,11 @@ class Scheduler:
         slices.append(self._slice(r, n, now))
         return budget - n
 
-    def _admit(self, budget: int, max_running: int, slices: list[SeqSlice], now: float) -> int:
+    def _start_waiting(
+        self, budget: int, max_running: int, slices: list[SeqSlice], now: float
+    ) -> int:
         waiting = self.policy.waiting
-        skipped: list[Request] = []
+        skipped: list[Choice] = []
         while budget > 0 and len(self._running) < max_running and self.kv.num_seqs_available > 0:
             r = waiting.peek()
             if r is None:
@@ -294,18 +296,18 @@ class Scheduler:
             allowed = self._room(budget, slices)
             if allowed <= 0:
                 break
-            decision = self.policy.may_admit(r, self._running)
-            if decision is AdmitDecision.STOP:
+            decision = self.policy.may_start(r, self._running)
+            if decision is StartDecision.STOP:
                 break
             waiting.pop()
-            if decision is AdmitDecision.SKIP:
+            if decision is StartDecision.SKIP:
                 skipped.append(r)
                 continue
-            n = self._try_admit(r, allowed, now)
+            n = self._try_start(r, allowed, now)
             if n is None:
                 waiting.push(r)
                 break
-            self.policy.on_admitted(r)
+            self.policy.on_started(r)
             slices.append(self._slice(r, n, now))
             budget -= n
         for r in skipped:
@@ -317,7 +319,7 @@ class Scheduler:
         room = self.policy.room(len(slices), sum(len(s.tokens) for s in slices))
         return budget if room is None else min(budget, room)
 
-    def _try_admit(self, r: Request, budget: int, now: float) -> int | None:
+    def _try_start(self, r: Choice, budget: int, now: float) -> int | None:
         """Give ``r`` a sequence and blocks; return its first chunk's size, or ``None``."""
         if r.stash_key is not None:
             adm = self.kv.restore(r.stash_key, r.tokens, r.stash_tokens, budget)
@@ -332,7 +334,7 @@ class Scheduler:
             holds_prompt = parent is not None and parent.num_computed_tokens >= r.prompt_len - 1
             if parent is not None and parent.seq is not None and holds_prompt and self.share_kv:
                 copy_from = (parent.seq, r.prompt_len - 1)
-            adm = self.kv.admit(r.tokens, budget, copy_from)
+            adm = self.kv.allocate(r.tokens, budget, copy_from)
             if adm is None:
                 return None
         r.seq = adm.seq
@@ -341,14 +343,14 @@ class Scheduler:
             r.cached_tokens = min(adm.num_computed, r.prompt_len)
         if r.admitted is None:
             r.admitted = now
-        elif r.status is RequestStatus.PREEMPTED:
+        elif r.status is ChoiceStatus.PREEMPTED:
             r.resumed_at.append(now)
-        r.status = RequestStatus.RUNNING
+        r.status = ChoiceStatus.RUNNING
         self._running[r] = None
         self._by_seq[adm.seq] = r
         return adm.num_new
 
-    def _slice(self, r: Request, n: int, now: float) -> SeqSlice:
+    def _slice(self, r: Choice, n: int, now: float) -> SeqSlice:
         assert r.seq is not None
         start = r.num_computed_tokens
         end = start + n
@@ -370,7 +372,7 @@ class Scheduler:
             replay=replay,
         )
 
-    def _preempt(self, victim: Request, now: float) -> None:
+    def _preempt(self, victim: Choice, now: float) -> None:
         assert victim.seq is not None
         in_use = sum(self._stash_bytes.values())
         mode = self.costs.choose(victim.num_computed_tokens, in_use)
@@ -385,20 +387,20 @@ class Scheduler:
             self._drop_sampler(victim)
             victim.num_computed_tokens = 0
         self._leave_running(victim)
-        victim.status = RequestStatus.PREEMPTED
+        victim.status = ChoiceStatus.PREEMPTED
         victim.preemptions += 1
         victim.preempted_at.append(now)
         self.num_preemptions += 1
         self.policy.waiting.push(victim)
 
-    def _drop_sampler(self, r: Request) -> None:
+    def _drop_sampler(self, r: Choice) -> None:
         """The worker's sampler goes; the next one is rebuilt from a replay of the outputs."""
         if r.has_sampler:
             self._release.append(r.owner)
             r.has_sampler = False
         r.needs_replay = r.num_output > 0
 
-    def _leave_running(self, r: Request) -> None:
+    def _leave_running(self, r: Choice) -> None:
         if r.seq is not None:
             del self._by_seq[r.seq]
             r.seq = None
@@ -440,7 +442,7 @@ class Scheduler:
             self.check_integrity()
         return self.drain_events()
 
-    def _on_token(self, r: Request, out: SeqOutput, now: float) -> None:
+    def _on_token(self, r: Choice, out: SeqOutput, now: float) -> None:
         self.policy.on_progress(r, 0, 1)  # the end-of-generation token too: it was computed
         if r.first_token is None:
             r.first_token = now
@@ -457,16 +459,16 @@ class Scheduler:
         if n_tokens - r.prompt_len >= r.max_tokens or n_tokens >= self.max_seq_tokens:
             self._finish(r, FinishReason.LENGTH)
 
-    def _unblock_siblings(self, r: Request) -> None:
+    def _unblock_siblings(self, r: Choice) -> None:
         for sibling in r.siblings_blocked:
-            if sibling.status is RequestStatus.BLOCKED:
-                sibling.status = RequestStatus.WAITING
+            if sibling.status is ChoiceStatus.BLOCKED:
+                sibling.status = ChoiceStatus.WAITING
                 self.policy.waiting.push(sibling)
         r.siblings_blocked = []
 
     def _finish(
         self,
-        r: Request,
+        r: Choice,
         reason: FinishReason,
         error: str | None = None,
         rejection: RejectionKind | None = None,
@@ -494,7 +496,7 @@ class Scheduler:
                 for sibling in r.siblings_blocked:
                     self._finish(sibling, FinishReason.REJECTED, "the server is stopping")
                 r.siblings_blocked = []
-        r.status = RequestStatus.FINISHED
+        r.status = ChoiceStatus.FINISHED
         r.finish_reason = reason
         r.error = error
         r.rejection, r.retry_after_s = rejection, retry_after_s
@@ -588,7 +590,7 @@ class Scheduler:
             self._drop_sampler(r)
         return self.drain_events()
 
-    def _forget_unsaved_stashes(self, keys: set[str]) -> list[Request]:
+    def _forget_unsaved_stashes(self, keys: set[str]) -> list[Choice]:
         """The choices whose stash was in a failed plan: they hold nothing and recompute."""
         unsaved = []
         for choices in self._groups.values():
@@ -600,19 +602,19 @@ class Scheduler:
                     unsaved.append(r)
         return unsaved
 
-    def _forget_engine(self, wipe: bool) -> list[tuple[Request, int]]:
+    def _forget_engine(self, wipe: bool) -> list[tuple[Choice, int]]:
         """No sequence holds anything any more: running requests become preempted.
 
         A request whose restore was in the failed plan gets its stash back (the plan did not
         run, so the stash is still there); the others will be recomputed.
         """
-        forgotten: list[tuple[Request, int]] = []
+        forgotten: list[tuple[Choice, int]] = []
         for r in self._running:
             assert r.seq is not None
             forgotten.append((r, r.seq))
             r.seq = None
             self.policy.on_left_running(r)
-            r.status = RequestStatus.PREEMPTED
+            r.status = ChoiceStatus.PREEMPTED
             if r.restored_key is not None:
                 r.stash_key, r.restored_key = r.restored_key, None
                 self._stash_bytes[r.stash_key] = self.costs.stash_bytes(r.stash_tokens)

@@ -5,7 +5,7 @@ where the real prompts are shared, and cheap to make (a simulation makes tens of
     chat          [template head][tenant prefix ...][own ...][tail]    = prompt_tokens + 30
 
 The bench sends completions prompts as token ids, which the server takes as they are (no
-BOS). Chat prompts are words of one token each (``app/bench/prompts.py``) wrapped in the
+BOS). Chat prompts are words of one token each (``app/lab/bench/prompts.py``) wrapped in the
 model's chat template: measured once with SmolLM2-135M-Instruct's tokenizer, the template adds
 24 tokens before the message (its default system prompt, identical in every request, so the
 prefix cache shares it) and 6 after, for every prompt length tried (1 to 256 words).

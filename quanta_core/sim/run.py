@@ -3,7 +3,7 @@
     outcome = simulate(spec, build_plan(spec, rows), config, engine, cost_model)
     summarize(outcome.records, spec.targets, window_s=spec.window_s)
 
-The client side behaves as ``quanta bench`` does (``app/bench/runner.py``): open loop, a
+The client side behaves as ``quanta bench`` does (``app/lab/bench/runner.py``): open loop, a
 request is *scheduled* at its arrival and *sent* when a slot under ``concurrency`` is free
 (at once without a cap); closed loop, ``users`` users each send their next request when the
 last one's answer is in (plus ``think_s``), until the plan or ``duration_s`` runs out. Every

@@ -1,0 +1,210 @@
+"""``quanta bench run`` and ``quanta bench compare``.
+
+quanta bench run --preset twenty-at-once --url http://127.0.0.1:8000 --out bench/results/x.json
+quanta bench run --workload bench/workloads/two_tenants.toml --api-key $KEY --rate 2
+quanta bench compare bench/results/a.json bench/results/b.json
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from pathlib import Path
+from typing import Annotated, Any
+
+import httpx
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from app.lab.bench.client import Target
+from app.lab.bench.compare import print_comparison
+from app.lab.bench.report import build_result, environment, load_result, records_of, write_result
+from app.lab.bench.runner import RunOptions, run_plan
+from app.lab.bench.table import print_result
+from quanta_core.metrics import RequestRecord, summarize
+from quanta_core.workload import (
+    Endpoint,
+    PlannedRequest,
+    WorkloadError,
+    WorkloadSpec,
+    build_plan,
+    load_workload,
+    preset,
+    read_trace,
+)
+
+bench_cli = typer.Typer(help="Measure a running OpenAI-compatible server.", no_args_is_help=True)
+console = Console()
+
+
+def discover_model(url: str, api_key: str | None) -> str:
+    """The first model the server lists (Quanta and llama-server both list one)."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        response = httpx.get(url + "/v1/models", headers=headers, timeout=10.0)
+        return str(response.json()["data"][0]["id"])
+    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
+        return "default"
+
+
+def resolve_workload(workload: Path | None, preset_name: str | None) -> WorkloadSpec:
+    if workload is not None and preset_name is not None:
+        raise WorkloadError("give --workload or --preset, not both")
+    if workload is not None:
+        return load_workload(workload)
+    return preset(preset_name or "twenty-at-once")
+
+
+def apply_overrides(spec: WorkloadSpec, overrides: dict[str, Any]) -> WorkloadSpec:
+    given = {k: v for k, v in overrides.items() if v is not None}
+    if spec.trace is not None and "requests" in given:
+        # A trace replay is bounded by its limit, not by a request count.
+        given["trace"] = dataclasses.replace(spec.trace, limit=given.pop("requests"))
+    return dataclasses.replace(spec, **given) if given else spec
+
+
+def make_plan(spec: WorkloadSpec) -> list[PlannedRequest]:
+    rows = read_trace(spec.trace.path) if spec.trace is not None else None
+    return build_plan(spec, rows)
+
+
+async def measure(
+    spec: WorkloadSpec,
+    plan: list[PlannedRequest],
+    target: Target,
+    options: RunOptions,
+    *,
+    quiet: bool = False,
+) -> list[RequestRecord]:
+    with Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[failed]} failed"),
+        TimeElapsedColumn(),
+        console=console,
+        disable=quiet,
+        transient=False,
+    ) as progress:
+        task = progress.add_task(spec.name, total=len(plan), failed=0)
+        failed = 0
+
+        def done(record: RequestRecord) -> None:
+            nonlocal failed
+            failed += 0 if record.ok else 1
+            progress.update(task, advance=1, failed=failed)
+
+        return await run_plan(spec, plan, target, options, on_done=done)
+
+
+@bench_cli.command("run")
+def run(
+    url: Annotated[str, typer.Option(help="the server's base URL")] = "http://127.0.0.1:8000",
+    api_key: Annotated[
+        str | None, typer.Option(envvar="QUANTA_API_KEY", help="Bearer key for every tenant")
+    ] = None,
+    workload: Annotated[Path | None, typer.Option(help="workload file (TOML or YAML)")] = None,
+    preset_name: Annotated[
+        str | None, typer.Option("--preset", help="a named workload: twenty-at-once")
+    ] = None,
+    out: Annotated[Path | None, typer.Option(help="results file (.json)")] = None,
+    label: Annotated[str | None, typer.Option(help="the run's name in tables")] = None,
+    model: Annotated[str | None, typer.Option(help="model id (default: the server's)")] = None,
+    requests: Annotated[int | None, typer.Option(help="override: request count")] = None,
+    rate: Annotated[float | None, typer.Option(help="override: requests/s (inf)")] = None,
+    burstiness: Annotated[float | None, typer.Option(help="override: gamma shape")] = None,
+    concurrency: Annotated[int | None, typer.Option(help="override: cap in flight")] = None,
+    users: Annotated[int | None, typer.Option(help="override: closed loop, N users")] = None,
+    seed: Annotated[int | None, typer.Option(help="override: seed")] = None,
+    endpoint: Annotated[Endpoint | None, typer.Option(help="override: endpoint")] = None,
+    window: Annotated[float | None, typer.Option(help="fairness window (s)")] = None,
+    plots: Annotated[bool, typer.Option(help="write PNG plots next to --out")] = True,
+    timeout: Annotated[float, typer.Option(help="per-request read timeout (s)")] = 600.0,
+    quiet: Annotated[bool, typer.Option(help="no progress bar")] = False,
+) -> None:
+    """Send a workload to a server, print the figures, write them (and plots) to --out."""
+    try:
+        spec = apply_overrides(
+            resolve_workload(workload, preset_name),
+            {
+                "requests": requests,
+                "rate": rate,
+                "burstiness": burstiness,
+                "concurrency": concurrency,
+                "users": users,
+                "seed": seed,
+                "endpoint": endpoint,
+                "window_s": window,
+            },
+        )
+        plan = make_plan(spec)
+    except (WorkloadError, ValueError, OSError) as exc:
+        console.print(f"[red]workload: {exc}")
+        raise typer.Exit(code=2) from None
+    url = url.rstrip("/")
+    target = Target(
+        url=url,
+        model=model or discover_model(url, api_key),
+        endpoint=spec.endpoint,
+        seed=spec.seed,
+        ignore_eos=spec.ignore_eos,
+        temperature=spec.temperature,
+    )
+    name = label or spec.name
+    out = out or Path("bench/results") / f"{name}.json"
+    env = environment(url, api_key)
+    records = asyncio.run(measure(spec, plan, target, RunOptions(api_key, timeout), quiet=quiet))
+    summary = summarize(records, spec.targets, window_s=spec.window_s)
+    flags = {
+        "url": url,
+        "model": target.model,
+        "workload": None if workload is None else str(workload),
+        "preset": preset_name,
+    }
+    result = build_result(
+        label=name, spec=spec, flags=flags, env=env, records=records, summary=summary
+    )
+    write_result(result, out)
+    print_result(result, console)
+    console.print(f"results: {out}")
+    if plots:
+        from app.lab.bench.plots import plot_all
+
+        for path in plot_all(result, records, out):
+            console.print(f"plot: {path}")
+    failed = summary.overall.failed
+    if failed:
+        first = next(r for r in records if not r.ok)
+        console.print(f"[yellow]{failed} request(s) failed; first: {first.error}")
+    if records and summary.overall.completed == 0:
+        raise typer.Exit(code=1)  # nothing was measured but failures
+
+
+@bench_cli.command("compare")
+def compare(
+    a: Annotated[Path, typer.Argument(help="results file A (the baseline)")],
+    b: Annotated[Path, typer.Argument(help="results file B")],
+) -> None:
+    """Print two runs side by side, with B/A ratios."""
+    try:
+        ra, rb = load_result(a), load_result(b)
+    except (OSError, ValueError) as exc:
+        console.print(f"[red]{exc}")
+        raise typer.Exit(code=2) from None
+    print_comparison(ra, rb, console)
+
+
+@bench_cli.command("summarize")
+def resummarize(
+    results: Annotated[Path, typer.Argument(help="a results file")],
+    plots: Annotated[bool, typer.Option(help="write the PNG plots again")] = False,
+) -> None:
+    """Print a results file's figures again (and optionally redraw its plots)."""
+    result = load_result(results)
+    print_result(result, console)
+    if plots:
+        from app.lab.bench.plots import plot_all
+
+        for path in plot_all(result, records_of(result), results):
+            console.print(f"plot: {path}")

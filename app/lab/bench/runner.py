@@ -1,0 +1,120 @@
+"""Drive a plan against a server: open loop (arrivals on the clock, optional cap on requests
+in flight) or closed loop (N users, each sends its next request when its answer is in).
+
+Open loop: a request is *scheduled* at its arrival time and *sent* when a slot under the cap
+is free (at once without a cap); every latency counts from the send, as vLLM's benchmark does,
+and the record keeps both.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+import httpx
+
+from app.lab.bench.client import Target, perf_clock, send
+from app.lab.bench.prompts import request_body
+from quanta_core.metrics import RequestRecord
+from quanta_core.workload import PlannedRequest, WorkloadSpec
+
+OnDone = Callable[[RequestRecord], None]
+Send = Callable[[PlannedRequest], Awaitable[RequestRecord]]
+
+
+@dataclass(frozen=True, slots=True)
+class RunOptions:
+    api_key: str | None = None  # for tenants whose workload entry has none
+    timeout_s: float = 600.0  # per request, between two bytes
+
+
+def _client(options: RunOptions) -> httpx.AsyncClient:
+    timeout = httpx.Timeout(options.timeout_s, connect=10.0)
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    return httpx.AsyncClient(timeout=timeout, limits=limits)
+
+
+async def run_plan(
+    spec: WorkloadSpec,
+    plan: Sequence[PlannedRequest],
+    target: Target,
+    options: RunOptions,
+    on_done: OnDone | None = None,
+    clock: Callable[[], float] | None = None,
+) -> list[RequestRecord]:
+    """Send the plan; ``clock`` (seconds since the run's start) is injectable for tests."""
+    tenants = {t.name: t for t in spec.tenants}
+    async with _client(options) as client:
+        clock = clock or perf_clock(time.perf_counter())
+
+        async def one(planned: PlannedRequest) -> RequestRecord:
+            tenant = tenants[planned.tenant]
+            body = request_body(
+                planned,
+                model=target.model,
+                endpoint=target.endpoint,
+                seed=spec.seed,
+                ignore_eos=target.ignore_eos,
+                temperature=target.temperature,
+            )
+            record = await send(
+                client,
+                target,
+                planned,
+                body,
+                api_key=tenant.api_key or options.api_key,
+                clock=clock,
+                weight=tenant.weight,
+            )
+            if on_done is not None:
+                on_done(record)
+            return record
+
+        if spec.closed_loop:
+            records = await _closed(spec, plan, one, clock)
+        else:
+            records = await _open(spec, plan, one, clock)
+    return sorted(records, key=lambda r: int(r.request_id[1:]))
+
+
+async def _open(
+    spec: WorkloadSpec,
+    plan: Sequence[PlannedRequest],
+    one: Send,
+    clock: Callable[[], float],
+) -> list[RequestRecord]:
+    cap = asyncio.Semaphore(spec.concurrency) if spec.concurrency else None
+
+    async def arrive(planned: PlannedRequest) -> RequestRecord:
+        delay = (planned.arrival or 0.0) - clock()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        if cap is None:
+            return await one(planned)
+        async with cap:
+            return await one(planned)
+
+    return list(await asyncio.gather(*(arrive(p) for p in plan)))
+
+
+async def _closed(
+    spec: WorkloadSpec,
+    plan: Sequence[PlannedRequest],
+    one: Send,
+    clock: Callable[[], float],
+) -> list[RequestRecord]:
+    queue = list(reversed(plan))
+    records: list[RequestRecord] = []
+
+    async def user() -> None:
+        while queue:
+            if spec.duration_s is not None and clock() >= spec.duration_s:
+                return
+            records.append(await one(queue.pop()))
+            if spec.think_s > 0:
+                await asyncio.sleep(spec.think_s)
+
+    await asyncio.gather(*(user() for _ in range(spec.users or 1)))
+    return records

@@ -1,0 +1,70 @@
+"""``create_app()``: the whole server, wired in one place."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from litestar import Litestar
+from litestar.datastructures import State
+from litestar.di import Provide
+from litestar.openapi import OpenAPIConfig
+from litestar.openapi.plugins import SwaggerRenderPlugin
+
+from app.admin.routes import ADMIN_CONTROLLERS
+from app.openai.routes import CompletionsController, ModelsController
+from app.server.core import Core, CoreFactory
+from app.server.errors import EXCEPTION_HANDLERS
+from app.server.health import HealthController
+from app.server.lifecycle import Lifecycle
+from app.server.metrics import Metrics
+from app.server.request_id import request_id_middleware
+from app.server.settings import Settings
+from app.server.state import ServerState
+from app.tenancy.gate import tenancy_middleware
+from app.tenancy.routes import OwnKeyController
+from app.tenancy.service import Tenancy
+
+VERSION = "0.1.0"
+
+
+def build_real_core(settings: Settings) -> Core:
+    from app.server.assemble import build_core  # imports llama.cpp: only when a real core is wanted
+
+    return build_core(settings)
+
+
+def create_app(
+    settings: Settings | None = None, core_factory: CoreFactory | None = None
+) -> Litestar:
+    settings = settings or Settings()
+    state = ServerState()
+    metrics = Metrics(state.stats)
+    lifecycle = Lifecycle(state, settings, core_factory or build_real_core)
+    tenancy = Tenancy(settings)
+
+    def provide(value: Any) -> Provide:
+        return Provide(lambda: value, use_cache=True, sync_to_thread=False)
+
+    return Litestar(
+        route_handlers=[
+            CompletionsController,
+            ModelsController,
+            OwnKeyController,
+            HealthController,
+            *ADMIN_CONTROLLERS,
+        ],
+        dependencies={"server": provide(state), "metrics": provide(metrics)},
+        exception_handlers=EXCEPTION_HANDLERS,
+        middleware=[request_id_middleware, tenancy_middleware],
+        # Exited in reverse: in-flight requests drain first, then the ledger is flushed.
+        lifespan=[tenancy.lifespan, lifecycle.lifespan],
+        request_max_body_size=settings.max_body_bytes,
+        openapi_config=OpenAPIConfig(
+            title="Quanta",
+            version=VERSION,
+            description="An OpenAI-compatible LLM inference server with a scheduler core.",
+            path="/docs",
+            render_plugins=[SwaggerRenderPlugin()],
+        ),
+        state=State({"lifecycle": lifecycle, "tenancy": tenancy}),
+    )

@@ -1,0 +1,92 @@
+"""The real core: tokenizer, llama.cpp worker, scheduler and driver, built from Settings.
+
+Blocking (loads the model); the lifecycle runs it in a thread, then starts the driver in the
+event loop. The only module of ``app`` that imports the llama.cpp side of the core.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from app.server.core import Core, CoreStats
+from app.server.settings import Settings
+from quanta_core.clock import WallClock
+from quanta_core.engine.llama_cpp.executor import LlamaCppExecutor
+from quanta_core.engine.llama_cpp.grammar import json_object_grammar, json_schema_grammar
+from quanta_core.engine.llama_cpp.tokenizer import Tokenizer
+from quanta_core.engine.protocol import Executor
+from quanta_core.scheduler import Driver, QueueBound, Scheduler, SchedulerConfig, SloConfig
+from quanta_core.sim.step_trace import StepTracer
+
+
+class LlamaGrammars:
+    def json_object(self) -> str:
+        return json_object_grammar()
+
+    def json_schema(self, schema: dict[str, Any]) -> str:
+        return json_schema_grammar(schema)
+
+
+def scheduler_config(settings: Settings) -> SchedulerConfig:
+    return SchedulerConfig(
+        policy=settings.policy,  # type: ignore[arg-type]  # validated by SchedulerConfig
+        block_size=settings.block_size,
+        max_running=settings.max_running,
+        token_budget=min(settings.token_budget, settings.n_batch),
+        enable_prefix_cache=settings.prefix_cache,
+        prefix_cache_tokens=settings.prefix_cache_tokens,
+        slo=SloConfig(
+            interactive_ttft_s=settings.interactive_ttft_s,
+            interactive_itl_s=settings.interactive_itl_s,
+            batch_deadline_s=settings.batch_deadline_s,
+            batch_aging_s=settings.batch_aging_s,
+            interactive_queue=QueueBound(
+                settings.interactive_queue_requests, settings.interactive_queue_tokens
+            ),
+            batch_queue=QueueBound(settings.batch_queue_requests, settings.batch_queue_tokens),
+            total_queue=QueueBound(settings.queue_requests, settings.queue_tokens),
+        ),
+    )
+
+
+def build_core(settings: Settings) -> Core:
+    config = settings.engine_config()
+    sched_config = scheduler_config(settings)  # a bad policy fails before the model loads
+    tokenizer = Tokenizer.load(config.model_path)
+    clock = WallClock()
+    executor: Executor = LlamaCppExecutor.start(config)
+    if settings.step_trace is not None:
+        executor = StepTracer(executor, clock, settings.step_trace.open("w", buffering=1 << 16))
+    scheduler = Scheduler(sched_config, executor.info, clock)
+    driver = Driver(scheduler, executor, clock)
+
+    def stats() -> CoreStats:
+        s = driver.stats()
+        return CoreStats(
+            running=s.num_running,
+            waiting=s.num_waiting,
+            kv_usage=s.kv_usage,
+            prefix_cache_hits=s.prefix_cache_hits,
+            prefix_cache_queries=s.prefix_cache_queries,
+            preemptions=s.num_preemptions,
+            waiting_by_class=s.waiting_by_class,
+            tenants=tuple(
+                (t.tenant, t.slo_class, t.counter, t.waiting, t.running) for t in s.tenants
+            ),
+        )
+
+    def close() -> None:
+        executor.close()
+        tokenizer.close()
+
+    return Core(
+        model_name=settings.served_model_name(),
+        n_ctx=scheduler.max_seq_tokens,
+        created=int(time.time()),
+        tokenizer=tokenizer,
+        driver=driver,
+        grammars=LlamaGrammars(),
+        stats=stats,
+        close=close,
+    )

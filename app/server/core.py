@@ -1,0 +1,83 @@
+"""The core as the web layer sees it: a tokenizer, a driver and the model's few facts.
+
+``build_core(settings)`` assembles the real one (llama.cpp worker, scheduler, driver); tests
+hand ``create_app`` a fake. Only this module knows how the parts are wired.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from app.openai.choices import Detokenizer
+from app.server.settings import Settings
+from quanta_core.requests import ChoiceFinished, ChoiceResult, GenerationRequest, TokenEvent
+
+
+class Tokenizer(Protocol):
+    n_vocab: int
+
+    def encode(
+        self, text: str, *, add_special: bool = True, parse_special: bool = False
+    ) -> list[int]: ...
+
+    def encode_chat(self, messages: Sequence[Mapping[str, Any]]) -> list[int]: ...
+
+    def token_bytes(self, token: int) -> bytes: ...
+
+    def detokenizer(self) -> Detokenizer: ...
+
+
+class Handle(Protocol):
+    def __aiter__(self) -> AsyncIterator[TokenEvent | ChoiceFinished]: ...
+
+    async def results(self) -> list[ChoiceResult]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class CoreStats:
+    """The scheduler's gauges and counters, read at each scrape of ``/metrics``."""
+
+    running: int = 0
+    waiting: int = 0
+    kv_usage: float = 0.0  # fraction of KV blocks in use, 0..1
+    prefix_cache_hits: int = 0  # tokens served from the prefix cache, cumulative
+    prefix_cache_queries: int = 0  # prompt tokens looked up, cumulative
+    preemptions: int = 0  # cumulative
+    waiting_by_class: tuple[tuple[str, int], ...] = ()  # (class, waiting)
+    # fair policies: (tenant, class, virtual token counter, waiting, running)
+    tenants: tuple[tuple[str, str, float, int, int], ...] = ()
+
+
+class Driver(Protocol):
+    async def start(self) -> None: ...
+
+    def submit(self, request: GenerationRequest) -> Handle: ...
+
+    def cancel(self, request_id: str) -> bool: ...
+
+    async def stop(self, grace_s: float) -> None:
+        """Admit nothing more; let in-flight requests finish for ``grace_s``, then fail them."""
+        ...
+
+
+class Grammars(Protocol):
+    def json_object(self) -> str: ...
+
+    def json_schema(self, schema: dict[str, Any]) -> str: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Core:
+    model_name: str
+    n_ctx: int
+    created: int  # when the model was loaded (Unix time), for /v1/models
+    tokenizer: Tokenizer
+    driver: Driver
+    grammars: Grammars
+    stats: Callable[[], CoreStats]
+    close: Callable[[], None]  # stops the engine worker (after ``driver.stop``)
+
+
+CoreFactory = Callable[[Settings], Core]

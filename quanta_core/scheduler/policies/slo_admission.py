@@ -1,0 +1,378 @@
+"""The ``slo`` policy's admission: answer at once, from the step-cost model.
+
+A new request passes three checks, in this order:
+
+1. Its class queue's bound (requests, prompt tokens). Full: rejected; 429 if its tenant holds
+   more than its weighted share of that queue, else 503.
+2. Its class target given the work ahead of it.
+   - Interactive: its first token within ``interactive_ttft_s``, without breaking a promise
+     made to an interactive request admitted before it (``promises``). It is projected last
+     in due order after the queued requests (promoted batch first), on the running slots; on
+     time there, it is admitted with a promise (its first token due at arrival + target).
+     A tenant over its share must also leave room for the others: one request like it per
+     tenant below it is projected ahead of it. This is what keeps the deadline override fair:
+     a tenant gains from it only for requests admission let in, and it lets a tenant over its
+     share in only into capacity the others are not claiming.
+   - Batch: its completion within ``batch_deadline_s``, playing the running and queued
+     requests ahead of it (promoted batch, interactive, its tenant's queue and, VTC taking
+     turns, as many plus one of each other tenant's) onto the running slots.
+   Missed: rejected; 429 if its tenant is over its fair share, else 503 (the machine as a
+   whole cannot meet the target). A request that misses its target even on an idle machine
+   is served best effort (no queue is in its way, no retry would help; no promise).
+3. The shared bound of all queues. Full: a batch arrival is rejected (503); an interactive one
+   sheds queued batch requests, newest first, that never ran, were never preempted and were
+   not promoted by aging, until it fits (else 503).
+
+Over its fair share: the tenant's claim (its weighted counter, plus the uncharged work of its
+queued and running requests) exceeds the mean claim of the other tenants with live requests
+in the class by more than this request's own worth. Under plain overload, with equal loads,
+nobody is: the answer is 503.
+
+Retry-after is when the same request would be admitted if nothing else arrived: for an
+interactive one, when its projected first token (after everything admitted, and the others'
+room if over share) falls within its target; for batch, the estimate's excess over the target;
+for a full queue, the time the running slots take to serve the excess requests.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Collection, Iterable, Mapping, Sequence
+
+from quanta_core.requests import RejectionKind, SloClass
+from quanta_core.scheduler.admission import AdmissionDecision, AdmissionVerdict
+from quanta_core.scheduler.choice import Choice
+from quanta_core.scheduler.config import StepLimits
+from quanta_core.scheduler.policies.class_queue import ClassQueue
+from quanta_core.scheduler.policies.promises import Job, late, next_up, project
+from quanta_core.scheduler.policies.slo_estimates import SloEstimates, prefill_left
+from quanta_core.scheduler.policies.vtc import VirtualCounters
+from quanta_core.scheduler.queue import arrival_order
+from quanta_core.scheduler.slo import QueueBound, SloConfig
+from quanta_core.scheduler.step_cost import StepCostModel
+
+_MIN_WEIGHT = 1e-6
+
+
+def _tokens(requests: Iterable[Choice]) -> int:
+    return sum(r.prompt_len for r in requests)
+
+
+class SloAdmission:
+    def __init__(
+        self,
+        config: SloConfig,
+        cost: StepCostModel,
+        queue: ClassQueue,
+        counters: Mapping[SloClass, VirtualCounters],
+    ) -> None:
+        self.config = config
+        self.cost = cost
+        self.queue = queue
+        self.counters = counters
+        self.est = SloEstimates(config, cost)
+        self.promises: dict[Choice, float] = {}  # queued interactive -> first token due
+
+    # ---- the decision ----
+
+    def decide(
+        self,
+        choices: Sequence[Choice],
+        running: Collection[Choice],
+        caps: StepLimits,
+        base: StepLimits,
+    ) -> AdmissionVerdict:
+        """``caps``: the steps it will run in; ``base``: the configured limits."""
+        x = choices[0]
+        cls = x.slo_class
+        n = len(choices)
+        queue = self.queue.classes[cls]
+        bound = self.config.queue_bound(cls)
+        excess = self._excess(list(queue), n, x.prompt_len * n, bound)
+        if excess > 0:
+            kind = (
+                RejectionKind.TENANT_OVER_SHARE
+                if self._over_queue_share(x, bound)
+                else RejectionKind.OVERLOADED
+            )
+            return AdmissionVerdict.reject(
+                f"the {cls.value} queue is full ({len(queue)} requests waiting)",
+                kind,
+                self.drain_s(excess, caps),
+            )
+        if cls is SloClass.INTERACTIVE:
+            missed = self._interactive_target(x, running, caps, base)
+        else:
+            missed = self._batch_target(x, running, caps)
+        if isinstance(missed, AdmissionVerdict):
+            return missed
+        return self._accept(choices, running, caps, promise=missed)
+
+    def _interactive_target(
+        self, x: Choice, running: Collection[Choice], caps: StepLimits, base: StepLimits
+    ) -> AdmissionVerdict | float | None:
+        """A rejection, or the promise to make (its due time; None: best effort)."""
+        now, target = x.arrival, self.config.interactive_ttft_s
+        if self.est.alone_prefill_s(x, base.token_budget) > target:
+            return None
+        over = self.over_share(x, running)
+        queued = self._projected_queue()
+        slots, decode_s, streams = self.est.view(
+            now, running, queued, caps.max_running, base.token_budget
+        )
+
+        def job(r: Choice, due: float | None) -> Job:
+            return self.est.job(r, due, decode_s, streams, base.token_budget)
+
+        # Every promise is due before x's would be (same target, earlier arrival): x goes
+        # after them all, so admitting it can delay none of them.
+        ordered = [job(r, self.promises.get(r)) for r in queued if r not in self._unpromised()]
+        if over:
+            ordered += [job(x, None)] * len(self._tenants_below(x, running))
+        mine = job(x, now + target)
+        firsts = project(now, slots, [*ordered, mine])
+        if not late([mine], firsts[-1:]):
+            return mine.due
+        est = firsts[-1] - now
+        kind = RejectionKind.TENANT_OVER_SHARE if over else RejectionKind.OVERLOADED
+        why = " (its tenant is over its fair share)" if over else ""
+        return AdmissionVerdict.reject(
+            f"expected first token in {est:.1f} s, over the interactive target of "
+            f"{target:g} s{why}",
+            kind,
+            max(est - target, self.cost.decode_step_s(1)),
+        )
+
+    def _batch_target(
+        self, x: Choice, running: Collection[Choice], caps: StepLimits
+    ) -> AdmissionVerdict | None:
+        target = self.config.batch_deadline_s
+        est = self.estimate(x, running, self._ahead(x), caps)
+        if est <= target or self.estimate(x, (), [], caps) > target:
+            return None
+        kind = (
+            RejectionKind.TENANT_OVER_SHARE
+            if self.over_share(x, running)
+            else RejectionKind.OVERLOADED
+        )
+        return AdmissionVerdict.reject(
+            f"expected completion in {est:.1f} s, over the batch target of {target:g} s",
+            kind,
+            max(est - target, self.cost.decode_step_s(1)),
+        )
+
+    def _accept(
+        self,
+        choices: Sequence[Choice],
+        running: Collection[Choice],
+        caps: StepLimits,
+        promise: float | None,
+    ) -> AdmissionVerdict:
+        x = choices[0]
+        cls = x.slo_class
+        n = len(choices)
+        shed: tuple[Choice, ...] = ()
+        total_excess = self._excess(list(self.queue), n, x.prompt_len * n, self.config.total_queue)
+        if total_excess > 0:
+            found = self._shed(n, x.prompt_len * n) if cls is SloClass.INTERACTIVE else None
+            if found is None:
+                return AdmissionVerdict.reject(
+                    f"the server's queue is full ({len(self.queue)} requests waiting)",
+                    RejectionKind.OVERLOADED,
+                    self.drain_s(total_excess, caps),
+                )
+            shed = found
+        ahead = self.queue.promoted.peek() is not None or len(self.queue.classes[cls]) > 0
+        if cls is SloClass.BATCH:
+            ahead = ahead or len(self.queue) > 0
+        start = not ahead and len(running) + n <= caps.max_running
+        if promise is not None:
+            self.promises[x] = promise
+        decision = AdmissionDecision.START if start else AdmissionDecision.QUEUE
+        shed_retry = self.drain_s(len(shed), caps) if shed else None
+        return AdmissionVerdict(decision, shed=shed, shed_retry_after_s=shed_retry)
+
+    def target(self, cls: SloClass) -> float:
+        if cls is SloClass.INTERACTIVE:
+            return self.config.interactive_ttft_s
+        return self.config.batch_deadline_s
+
+    def observe_output(self, n_tokens: int) -> None:
+        self.est.observe_output(n_tokens)
+
+    # ---- keeping the promises ----
+
+    def next_interactive(
+        self, vtc_head: Choice, now: float, running: Collection[Choice], caps: StepLimits
+    ) -> Choice:
+        """The queued interactive request to start next: VTC's head unless starting it first
+        would make a promised request late in the projection (``promises.next_up``)."""
+        queue = self.queue.classes[SloClass.INTERACTIVE]
+        if not any(r in self.promises and r is not vtc_head for r in queue):
+            return vtc_head
+        queued = list(queue)
+        slots, decode_s, streams = self.est.view(
+            now, running, queued, caps.max_running, caps.token_budget
+        )
+        jobs = [
+            self.est.job(r, self.promises.get(r), decode_s, streams, caps.token_budget)
+            for r in queued
+        ]
+        return queued[next_up(now, slots, jobs, queued.index(vtc_head))]
+
+    def forget(self, r: Choice) -> None:
+        """``r`` started (or ended): its promise is kept or moot."""
+        self.promises.pop(r, None)
+
+    # ---- fair shares ----
+
+    def _claims(self, cls: SloClass, running: Collection[Choice]) -> dict[str, float]:
+        """Each live tenant's weighted service received, reserved and still owed."""
+        counters = self.counters[cls]
+        claims = {t: counters.rank(t) for t in counters.backlogged()}
+        queued = list(self.queue.classes[cls])
+        if cls is SloClass.BATCH:
+            queued += [r for r in self.queue.promoted]
+        for r in queued:
+            claims[r.tenant] = claims.get(r.tenant, counters.rank(r.tenant)) + self._worth(r)
+        for r in running:
+            if r.slo_class is cls:
+                left = counters.output_cost * self.est.outputs_left(r)
+                claims[r.tenant] = claims.get(r.tenant, counters.rank(r.tenant)) + left / max(
+                    r.weight, _MIN_WEIGHT
+                )
+        return claims
+
+    def _worth(self, r: Choice) -> float:
+        """A queued request's weighted work: its uncomputed prompt and expected outputs."""
+        c = self.counters[r.slo_class]
+        work = c.input_cost * (prefill_left(r) + 1) + c.output_cost * self.est.outputs_left(r)
+        return work / max(r.weight, _MIN_WEIGHT)
+
+    def over_share(self, x: Choice, running: Collection[Choice]) -> bool:
+        """Is ``x``'s tenant's claim above the other live tenants' mean by more than ``x``?"""
+        claims = self._claims(x.slo_class, running)
+        others = [c for t, c in claims.items() if t != x.tenant]
+        if not others:
+            return False  # alone, its fair share is the whole machine
+        own = claims.get(x.tenant, max(self.counters[x.slo_class].rank(x.tenant), min(others)))
+        return own - sum(others) / len(others) > self._worth(x)
+
+    def _tenants_below(self, x: Choice, running: Collection[Choice]) -> list[str]:
+        claims = self._claims(x.slo_class, running)
+        own = claims.get(x.tenant, self.counters[x.slo_class].rank(x.tenant))
+        return [t for t, c in claims.items() if t != x.tenant and c < own]
+
+    # ---- the projection ----
+
+    def _projected_queue(self) -> list[Choice]:
+        """What goes ahead of a new interactive request: promoted batch (oldest first),
+        then the queued interactive requests by due time."""
+        promoted = sorted(self.queue.promoted, key=arrival_order)
+        interactive = sorted(
+            self.queue.classes[SloClass.INTERACTIVE],
+            key=lambda r: (self.promises.get(r, float("inf")), arrival_order(r)),
+        )
+        return [*promoted, *interactive]
+
+    def _unpromised(self) -> set[Choice]:
+        """Queued interactive requests with no promise (best effort, or back from a
+        preemption): VTC places them, only where they delay no promise."""
+        queue = self.queue.classes[SloClass.INTERACTIVE]
+        return {r for r in queue if r not in self.promises}
+
+    def estimate(
+        self,
+        x: Choice,
+        running: Collection[Choice],
+        ahead: Sequence[Choice],
+        caps: StepLimits,
+    ) -> float:
+        """Seconds from now to a batch request's end, with ``running`` on the engine and
+        ``ahead`` to be admitted before it."""
+        cap = caps.max_running
+        busy = max(min(cap, len(running) + len(ahead) + 1), 1)  # streams in a busy step
+        decode_step_s = self.cost.decode_step_s(busy)
+
+        def prefill_s(n_tokens: int) -> float:
+            return self.cost.prefill_s(n_tokens, busy - 1, caps.token_budget)
+
+        def service_s(r: Choice) -> float:
+            return prefill_s(prefill_left(r) + 1) + self.est.outputs_left(r) * decode_step_s
+
+        finish = sorted(service_s(r) for r in running)[-cap:] if cap else []
+        slots = [0.0] * max(cap - len(finish), 0) + finish
+        heapq.heapify(slots)
+        for r in ahead:
+            heapq.heappush(slots, heapq.heappop(slots) + service_s(r))
+        wait = slots[0]
+        return wait + prefill_s(x.prompt_len) + min(x.max_tokens, self._expected()) * decode_step_s
+
+    def _ahead(self, x: Choice) -> list[Choice]:
+        """The queued requests admitted before batch ``x``: promoted batch, interactive, and
+        of batch its tenant's queue plus, VTC taking turns, as many of each other tenant's
+        plus one."""
+        ahead = list(self.queue.promoted)
+        ahead += self.queue.classes[SloClass.INTERACTIVE]
+        fair = self.queue.classes[x.slo_class]
+        own = fair.waiting_of(x.tenant)
+        ahead += own
+        for tenant in fair.tenants():
+            if tenant != x.tenant:
+                ahead += sorted(fair.waiting_of(tenant), key=arrival_order)[: len(own) + 1]
+        return sorted(ahead, key=arrival_order)
+
+    def drain_s(self, n_requests: int, caps: StepLimits) -> float:
+        """How long the running slots take to serve ``n_requests`` typical requests."""
+        per_request = self._expected() * self.cost.decode_step_s(caps.max_running)
+        return max(n_requests * per_request / caps.max_running, self.cost.decode_step_s(1))
+
+    def _expected(self) -> int:
+        return self.est.expected()
+
+    # ---- bounds and shedding ----
+
+    @staticmethod
+    def _excess(waiting: list[Choice], n: int, tokens: int, bound: QueueBound) -> int:
+        """How many requests too many the queue would hold with this one (0: it fits)."""
+        over_requests = len(waiting) + n - bound.max_requests
+        over_tokens = _tokens(waiting) + tokens - bound.max_tokens
+        if over_tokens > 0:
+            mean = max(_tokens(waiting) // max(len(waiting), 1), 1)
+            over_requests = max(over_requests, -(-over_tokens // mean))
+        return max(over_requests, 0)
+
+    def _over_queue_share(self, x: Choice, bound: QueueBound) -> bool:
+        """Does ``x``'s tenant hold more than its weighted share of its class queue?"""
+        queue = self.queue.classes[x.slo_class]
+        waiting = queue.tenants()
+        weights = {r.tenant: r.weight for r in queue}
+        weights[x.tenant] = x.weight
+        total = sum(max(w, 1e-6) for w in weights.values())
+        share = bound.max_requests * max(x.weight, 1e-6) / total
+        return waiting.get(x.tenant, 0) >= share
+
+    def _shed(self, n: int, tokens: int) -> tuple[Choice, ...] | None:
+        """Queued batch requests (choice 0 of each) whose rejection makes room, or None."""
+        bound = self.config.total_queue
+        waiting = list(self.queue)
+        candidates = sorted(
+            (r for r in self.queue.classes[SloClass.BATCH] if _sheddable(r)),
+            key=arrival_order,
+            reverse=True,
+        )
+        shed: list[Choice] = []
+        gone: set[Choice] = set()
+        for r in candidates:
+            if self._excess([w for w in waiting if w not in gone], n, tokens, bound) == 0:
+                break
+            shed.append(r)
+            gone.update(c for c in waiting if c.request_id == r.request_id)
+        if self._excess([w for w in waiting if w not in gone], n, tokens, bound) > 0:
+            return None
+        return tuple(shed)
+
+
+def _sheddable(r: Choice) -> bool:
+    """Never ran, never preempted: shedding it throws away no work."""
+    return r.index == 0 and r.first_scheduled is None and r.preemptions == 0

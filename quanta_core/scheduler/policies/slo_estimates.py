@@ -1,0 +1,93 @@
+"""What admission and the promise keeper expect of requests, from the step-cost model.
+
+Output lengths are unknown: a request is expected to produce ``min(max_tokens, E)`` tokens,
+E the running mean of finished answers (``expected_output_tokens`` before the first).
+
+An interactive prefill runs in ITL-sized chunks beside the interactive streams only: batch
+streams yield the step to it (``SloPolicy.defers``), so its chunk is what a step of those
+streams leaves under the inter-token target. Everything else (batch, and the slots' release
+times) is priced beside the busy running set.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+
+from quanta_core.requests import SloClass
+from quanta_core.scheduler.choice import Choice
+from quanta_core.scheduler.policies.promises import Job, Slots
+from quanta_core.scheduler.slo import SloConfig
+from quanta_core.scheduler.step_cost import StepCostModel
+
+
+def prefill_left(r: Choice) -> int:
+    """Prompt (or recompute) tokens still to compute before ``r`` samples."""
+    return max(r.num_tokens - r.num_computed_tokens - 1, 0)
+
+
+class SloEstimates:
+    def __init__(self, config: SloConfig, cost: StepCostModel) -> None:
+        self.config = config
+        self.cost = cost
+        self.expected_output = float(config.expected_output_tokens)
+        self.itl_target_s = config.interactive_itl_s * config.itl_headroom
+
+    def observe_output(self, n_tokens: int) -> None:
+        """A request finished with ``n_tokens`` output tokens (STOP or LENGTH)."""
+        self.expected_output += 0.1 * (n_tokens - self.expected_output)
+
+    def expected(self) -> int:
+        return max(round(self.expected_output), 1)
+
+    def outputs_left(self, r: Choice) -> int:
+        return max(min(r.max_tokens, self.expected()) - r.num_output, 1)
+
+    def interactive_prefill_s(self, n_tokens: int, n_streams: int, budget: int) -> float:
+        """Prefilling ``n_tokens`` beside ``n_streams`` interactive streams."""
+        step = self.cost.max_tokens(n_streams + 1, self.itl_target_s, budget)
+        return self.cost.prefill_s(n_tokens, n_streams, step)
+
+    def alone_prefill_s(self, r: Choice, budget: int) -> float:
+        return self.interactive_prefill_s(prefill_left(r) + 1, 0, budget)
+
+    # ---- the projection's inputs ----
+
+    def view(
+        self,
+        now: float,
+        running: Collection[Choice],
+        queued: Sequence[Choice],
+        cap: int,
+        budget: int,
+    ) -> tuple[Slots, float, int]:
+        """The running slots as ``queued`` will find them, the decode step's seconds, and
+        the interactive streams an interactive prefill runs beside."""
+        cap = max(cap, 1)
+        busy = max(min(cap, len(running) + len(queued) + 1), 1)
+        decode_s = self.cost.decode_step_s(busy)
+        streams = sum(1 for r in running if r.slo_class is SloClass.INTERACTIVE)
+        streams = min(streams + len(queued), cap - 1)
+        lane = now
+        ends: list[float] = []
+        for r in running:
+            todo = prefill_left(r)
+            if r.slo_class is SloClass.INTERACTIVE:
+                prefill = self.interactive_prefill_s(todo, streams, budget) if todo else 0.0
+                lane += prefill
+            else:
+                prefill = self.cost.prefill_s(todo, busy - 1, budget) if todo else 0.0
+            ends.append(now + prefill + self.outputs_left(r) * decode_s)
+        ends.sort()
+        n = len(ends)
+        free = ends[n - cap :] if n >= cap else [now] * (cap - n) + ends
+        return Slots(tuple(free), lane), decode_s, streams
+
+    def job(self, r: Choice, due: float | None, decode_s: float, streams: int, budget: int) -> Job:
+        """``r`` queued; ``due`` its promised first token (None: no promise)."""
+        todo = prefill_left(r) + 1
+        if r.slo_class is SloClass.INTERACTIVE:
+            prefill = self.interactive_prefill_s(todo, streams, budget)
+        else:
+            prefill = self.cost.prefill_s(todo, streams, budget)
+        hold = self.outputs_left(r) * decode_s
+        return Job(prefill, hold, float("inf") if due is None else due)
