@@ -64,6 +64,7 @@ class ChoiceTimings:
     first_scheduled: float | None = None
     first_token: float | None = None
     finished: float | None = None
+    ttft_estimate_s: float | None = None  # admission's projection of first_token - arrival
 
     @property
     def queue_s(self) -> float | None:

@@ -120,6 +120,7 @@ async def test_chat_completion_shape_usage_and_timing(
         "e2e_s",
         "preemptions",
         "cached_tokens",
+        "ttft_estimate_s",
     }
     prompt = len(ByteTokenizer().encode_chat(MSGS))
     assert body["usage"] == {

@@ -170,6 +170,7 @@ def _timing(result: ChoiceResult) -> ServerTiming:
         e2e_s=None if t.finished is None else t.finished - t.arrival,
         preemptions=result.preemptions,
         cached_tokens=result.cached_tokens,
+        ttft_estimate_s=t.ttft_estimate_s,
     )
 
 

@@ -126,6 +126,7 @@ class ServerTiming(msgspec.Struct):
     e2e_s: float | None
     preemptions: int
     cached_tokens: int
+    ttft_estimate_s: float | None = None  # admission's projected time to the first token
 
 
 class TopLogprobOut(msgspec.Struct):

@@ -89,8 +89,12 @@ class Settings(BaseSettings):
     secret_key: SecretStr | None = Field(
         default=None, description="HMAC secret of API keys; unset: kept in data_dir/secret_key"
     )
-    policy: str = "fcfs"
-    max_running: int = Field(default=16, ge=1, description="choices running at once")
+    # The default policy sizes the running set from measured step costs (quanta.py): this
+    # is only an upper bound, and the engine's n_seq_max bounds it too.
+    policy: str = "quanta"
+    max_running: int = Field(
+        default=256, ge=1, description="most choices running at once (also <= n_seq_max)"
+    )
     block_size: int = Field(default=16, ge=1, description="tokens per KV block")
     prefix_cache: bool = Field(default=True, description="share cached prompt prefixes")
     # Every cached cell costs every step (llama.cpp's one KV buffer: README, this setting).

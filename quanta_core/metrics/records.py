@@ -44,6 +44,7 @@ class RequestRecord:
     server_e2e_s: float | None = None
     server_preemptions: int | None = None
     server_cached_tokens: int | None = None
+    server_ttft_estimate_s: float | None = None  # the server's admission estimate of the TTFT
 
     # ---- derived ----
 

@@ -70,6 +70,8 @@ class Choice:
     retry_after_s: float | None = None
     # fairness: prompt tokens charged so far (a recompute is not charged twice)
     charged_input: int = 0
+    # admission's projected seconds from arrival to the first token (None: no projection)
+    ttft_estimate: float | None = None
     # timestamps on the core's clock
     admitted: float | None = None
     first_scheduled: float | None = None
@@ -160,6 +162,7 @@ class Choice:
                 first_scheduled=self.first_scheduled,
                 first_token=self.first_token,
                 finished=self.finished,
+                ttft_estimate_s=self.ttft_estimate,
             ),
             preemptions=self.preemptions,
             error=self.error,

@@ -14,6 +14,8 @@ class PolicyName(StrEnum):
     FCFS = "fcfs"  # continuous batching, first come first served, preempt the newest
     VTC = "vtc"  # fair share between tenants by virtual token counters, one pool
     SLO = "slo"  # VTC within SLO classes, interactive first, batch aged, admission control
+    QUANTA = "quanta"  # slo, with a cost-governed running set, preemption for interactive,
+    # memory-aware starts and per-step weighted shares: the server's default
 
 
 @dataclass(frozen=True, slots=True)

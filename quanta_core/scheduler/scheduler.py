@@ -95,6 +95,7 @@ class Scheduler:
             else config.prefix_cache_tokens // bs,
         )
         self.policy = make_policy(config.policy, config)
+        self.policy.bind_memory(num_blocks, bs)
         self.token_budget = min(config.token_budget, info.n_batch)
         self.max_running = min(config.max_running, info.n_seq_max)
         self.base_limits = StepLimits(self.max_running, self.token_budget)
@@ -238,6 +239,9 @@ class Scheduler:
         running, policy, kv = self._running, self.policy, self.kv
         policy.begin_cycle(running, now)
         limits = policy.limits(running, self.base_limits)
+        for victim in policy.make_room(running, limits):
+            if victim.status is _RUNNING:
+                self._preempt(victim, now)  # a slot (or memory) for a request that goes first
         budget = limits.token_budget
         slices: list[SeqSlice] = []
         queue = policy.order_running(list(running))

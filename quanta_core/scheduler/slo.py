@@ -92,6 +92,14 @@ class SloConfig:
     step_window: int = 100
     # an answer's length before any has finished (admission estimates), then learnt online
     expected_output_tokens: int = 128
+    # the ``quanta`` policy: the running set grows while a decode step is priced within
+    # this fraction of ``interactive_itl_s`` (the client's gap adds the cycle and the trip);
+    # a batch tenant leading the lowest running batch tenant's counter by more than
+    # ``fair_lag`` weighted tokens sits out a step; a request's memory is reserved for its
+    # max_tokens, or ``reserve_factor`` times the mean answer when that is fewer
+    grow_headroom: float = 0.9
+    fair_lag: float = 32.0
+    reserve_factor: float = 4.0
 
     def __post_init__(self) -> None:
         positive = (
@@ -109,6 +117,8 @@ class SloConfig:
             raise ValueError(f"itl_headroom and step_forgetting must be in (0, 1]: {self}")
         if not 0 < self.step_quantile <= 1 or self.step_window < 1 or self.step_prior_weight <= 0:
             raise ValueError(f"step_quantile in (0, 1], step_window >= 1, prior weight > 0: {self}")
+        if not 0 < self.grow_headroom <= 1 or self.fair_lag < 0 or self.reserve_factor <= 0:
+            raise ValueError(f"grow_headroom in (0, 1], fair_lag >= 0, reserve_factor > 0: {self}")
         if self.input_cost < 0 or self.output_cost < 0 or self.expected_output_tokens < 1:
             raise ValueError(f"costs must be >= 0 and expected_output_tokens >= 1: {self}")
 

@@ -96,6 +96,7 @@ def _record(
         server_e2e_s=s.get("e2e_s"),
         server_preemptions=s.get("preemptions"),
         server_cached_tokens=s.get("cached_tokens"),
+        server_ttft_estimate_s=s.get("ttft_estimate_s"),
     )
 
 

@@ -7,6 +7,7 @@ all are made by name in ``registry``. Hooks a policy may use, each a no-op here:
 
     on_submit       START / QUEUE / REJECT a new request (and shed queued ones)
     limits          this cycle's running-count and token caps
+    make_room       running requests to preempt now, for waiting ones that go first
     order_running / defers     who of the running gets tokens first; who goes after admission
     room            how many tokens one more slice may take (after the running ones)
     on_progress     tokens computed and sampled for a request (fairness charging)
@@ -84,9 +85,18 @@ class Policy(ABC):
         """This cycle's caps (after ``begin_cycle``); by default the configured ones."""
         return base
 
+    def bind_memory(self, num_blocks: int, block_size: int) -> None:  # noqa: B027
+        """The KV pool the scheduler runs in (for a policy that plans memory)."""
+
+    def make_room(self, running: Collection[Choice], limits: StepLimits) -> list[Choice]:
+        """Running requests to preempt before this cycle's step, so that waiting ones that
+        go first can start (after ``limits``); by default none."""
+        return []
+
     def order_running(self, running: list[Choice]) -> list[Choice]:
         """The order running requests get their tokens in (and may be evicted after the one
-        that needs a block); by default admission order."""
+        that needs a block); by default admission order. One left out gets no token this
+        step (it keeps its sequence)."""
         return running
 
     def defers(self, r: Choice) -> bool:

@@ -72,6 +72,13 @@ class SloAdmission:
         self.counters = counters
         self.est = SloEstimates(config, cost)
         self.promises: dict[Choice, float] = {}  # queued interactive -> first token due
+        # Promoted (aged) batch goes ahead of a new interactive request in the projection;
+        # a policy that lets interactive overtake aged batch says False.
+        self.promoted_ahead = True
+        # The last accepted request's projected seconds to its first token (None: no
+        # projection), for checking the estimate against what happens.
+        self.last_estimate: float | None = None
+        self.first_token_s = 0.0  # ``estimate``'s wait and prefill, of its last call
 
     # ---- the decision ----
 
@@ -83,6 +90,7 @@ class SloAdmission:
         base: StepLimits,
     ) -> AdmissionVerdict:
         """``caps``: the steps it will run in; ``base``: the configured limits."""
+        self.last_estimate = None
         x = choices[0]
         cls = x.slo_class
         n = len(choices)
@@ -132,6 +140,7 @@ class SloAdmission:
         mine = job(x, now + target)
         firsts = project(now, slots, [*ordered, mine])
         if not late([mine], firsts[-1:]):
+            self.last_estimate = firsts[-1] - now
             return mine.due
         est = firsts[-1] - now
         kind = RejectionKind.TENANT_OVER_SHARE if over else RejectionKind.OVERLOADED
@@ -149,6 +158,7 @@ class SloAdmission:
         target = self.config.batch_deadline_s
         est = self.estimate(x, running, self._ahead(x), caps)
         if est <= target or self.estimate(x, (), [], caps) > target:
+            self.last_estimate = self.first_token_s
             return None
         kind = (
             RejectionKind.TENANT_OVER_SHARE
@@ -268,7 +278,7 @@ class SloAdmission:
     def _projected_queue(self) -> list[Choice]:
         """What goes ahead of a new interactive request: promoted batch (oldest first),
         then the queued interactive requests by due time."""
-        promoted = sorted(self.queue.promoted, key=arrival_order)
+        promoted = sorted(self.queue.promoted, key=arrival_order) if self.promoted_ahead else []
         interactive = sorted(
             self.queue.classes[SloClass.INTERACTIVE],
             key=lambda r: (self.promises.get(r, float("inf")), arrival_order(r)),
@@ -306,7 +316,8 @@ class SloAdmission:
         for r in ahead:
             heapq.heappush(slots, heapq.heappop(slots) + service_s(r))
         wait = slots[0]
-        return wait + prefill_s(x.prompt_len) + min(x.max_tokens, self._expected()) * decode_step_s
+        self.first_token_s = wait + prefill_s(x.prompt_len)
+        return self.first_token_s + min(x.max_tokens, self._expected()) * decode_step_s
 
     def _ahead(self, x: Choice) -> list[Choice]:
         """The queued requests admitted before batch ``x``: promoted batch, interactive, and

@@ -5,7 +5,8 @@ E the running mean of finished answers (``expected_output_tokens`` before the fi
 
 An interactive prefill runs in ITL-sized chunks beside the interactive streams only: batch
 streams yield the step to it (``SloPolicy.defers``), so its chunk is what a step of those
-streams leaves under the inter-token target. Everything else (batch, and the slots' release
+streams leaves under the inter-token target. Under ``quanta`` it runs in full-budget steps
+instead, which queued prompts share: each is priced at its tokens' share of such a step. Everything else (batch, and the slots' release
 times) is priced beside the busy running set.
 """
 
@@ -31,6 +32,9 @@ class SloEstimates:
         self.cost = cost
         self.expected_output = float(config.expected_output_tokens)
         self.itl_target_s = config.interactive_itl_s * config.itl_headroom
+        # The policy prefills interactive requests in full-budget steps (``quanta``'s time
+        # to first token first), not in chunks sized to the inter-token target (``slo``).
+        self.full_budget_prefill = False
 
     def observe_output(self, n_tokens: int) -> None:
         """A request finished with ``n_tokens`` output tokens (STOP or LENGTH)."""
@@ -44,6 +48,10 @@ class SloEstimates:
 
     def interactive_prefill_s(self, n_tokens: int, n_streams: int, budget: int) -> float:
         """Prefilling ``n_tokens`` beside ``n_streams`` interactive streams."""
+        if self.full_budget_prefill:
+            # Queued prompts pack into the same full steps: each pays its tokens' share.
+            chunk = max(budget - n_streams, 1)
+            return n_tokens / chunk * self.cost.estimate(n_streams + 1, n_streams + chunk)
         step = self.cost.max_tokens(n_streams + 1, self.itl_target_s, budget)
         return self.cost.prefill_s(n_tokens, n_streams, step)
 

@@ -1,0 +1,211 @@
+"""The ``quanta`` policy, the server's default: SLO classes, weighted VTC, honest admission and
+memory-aware batching, governed by measured step costs instead of a fixed running cap.
+
+It is the ``slo`` policy (``fair.py``: a VTC pool per class, interactive first, promises,
+admission that answers at once) with these rules changed or added:
+
+- The running set: as many sequences as the step-cost model (learnt online from every step)
+  prices within the interactive inter-token target, at ``grow_headroom`` of it; the
+  configured ``max_running`` is only an upper bound. Batch alone runs at the same size (a CPU
+  is compute bound: more streams buy almost no throughput, and an interactive arrival then
+  finds the step already short). Batch leaves ``interactive_reserve`` slots free.
+- Time to first token first: while an interactive request waits for its first token (queued,
+  or prefilling), steps carry the full token budget, the interactive prefill before batch
+  (batch yields to it); otherwise prefill chunks beside interactive streams are sized to the
+  inter-token target (``room``).
+- Class isolation: an interactive request that cannot start for want of a slot or of memory
+  takes them from running batch requests, which are preempted (stashed: cheap, 22.5 KiB per
+  token) and resume later. The last running batch request is never taken while batch waits:
+  batch always progresses. Aged batch goes ahead of other batch, never ahead of interactive.
+- Admission projects an interactive request behind the interactive work only (batch can be
+  overtaken or preempted), so it is refused only when interactive work alone keeps it past
+  its target; the estimate is kept on the request (``ttft_estimate``) and reported.
+- Memory: a request starts only if every running request's reservation (its tokens plus the
+  outputs still expected: ``max_tokens``, or ``reserve_factor`` times the mean answer when
+  that is smaller) and its own fit the KV pool, so that a burst queues instead of thrashing.
+- Weighted fairness per step (batch): a batch tenant whose counter leads the lowest counter
+  among the batch tenants running by more than ``fair_lag`` (weighted tokens) gets no token
+  in that step, so that tenants sharing the running set still share service by weight (VTC
+  at admission alone cannot: once everyone runs, everyone gets a token per step, whatever
+  the weights). Interactive streams are never held back: their inter-token target comes
+  first, and VTC orders their queue.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Collection, Sequence
+
+from quanta_core.requests import SloClass
+from quanta_core.scheduler.admission import AdmissionVerdict
+from quanta_core.scheduler.choice import Choice
+from quanta_core.scheduler.config import PolicyName, SchedulerConfig, StepLimits
+from quanta_core.scheduler.policies.base import Policy, StartDecision
+from quanta_core.scheduler.policies.fair import SloPolicy
+from quanta_core.scheduler.slo import SloConfig
+
+log = logging.getLogger("quanta.admission")
+
+_INTERACTIVE = SloClass.INTERACTIVE
+_BATCH = SloClass.BATCH
+
+
+def _prefilling(r: Choice) -> bool:
+    return r.num_tokens - r.num_computed_tokens > 1
+
+
+class QuantaPolicy(SloPolicy):
+    name = PolicyName.QUANTA
+
+    def __init__(self, config: SloConfig | None = None) -> None:
+        super().__init__(config)
+        self.admission.promoted_ahead = False
+        self.admission.est.full_budget_prefill = True
+        cfg = self.config
+        self._grow_target = cfg.interactive_itl_s * cfg.grow_headroom
+        self._capacity_tokens: int | None = None
+        self._block = 16
+        self._ttft_first = False
+        # (estimated, actual) seconds to the first token of the last finished requests
+        self.estimates: deque[tuple[float, float]] = deque(maxlen=1000)
+
+    @classmethod
+    def from_config(cls, config: SchedulerConfig) -> Policy:
+        return cls(config.slo)
+
+    def bind_memory(self, num_blocks: int, block_size: int) -> None:
+        self._capacity_tokens = num_blocks * block_size
+        self._block = block_size
+
+    # ---- the running set and the step ----
+
+    def running_cap(self, base: StepLimits) -> int:
+        """The most sequences whose decode step the cost model prices within the target."""
+        return self.cost.max_seqs(self._grow_target, base.max_running)
+
+    def limits(self, running: Collection[Choice], base: StepLimits) -> StepLimits:
+        self._running = running
+        cap = self.running_cap(base)
+        self._cap = cap
+        queued = len(self.queue.classes[_INTERACTIVE]) > 0
+        inter = [r for r in running if r.slo_class is _INTERACTIVE]
+        self._ttft_first = queued or any(_prefilling(r) for r in inter)
+        self._batch_yields = self._ttft_first
+        budget = base.token_budget
+        if inter and not self._ttft_first:
+            n_seqs = min(len(running) + 1, cap)
+            budget = self.cost.max_tokens(n_seqs, self._itl_target, base.token_budget)
+        self._limits = StepLimits(cap, budget)
+        return self._limits
+
+    def room(self, n_seqs: int, n_tokens: int) -> int | None:
+        if self._ttft_first or not any(r.slo_class is _INTERACTIVE for r in self._running):
+            return None
+        return self.cost.room(n_seqs, n_tokens, self._itl_target)
+
+    def order_running(self, running: list[Choice]) -> list[Choice]:
+        ordered = super().order_running(running)
+        held = self._held_back(ordered)
+        return [r for r in ordered if r not in held] if held else ordered
+
+    def _held_back(self, running: Sequence[Choice]) -> set[Choice]:
+        """Running batch requests of tenants too far ahead of the lowest counter among the
+        batch tenants running now."""
+        mine = [r for r in running if r.slo_class is _BATCH]
+        tenants = {r.tenant for r in mine}
+        if len(tenants) < 2:
+            return set()
+        counters = self.counters[_BATCH]
+        ranks = {t: counters.counter.get(t, 0.0) for t in tenants}
+        low = min(ranks.values())
+        ahead = {t for t, c in ranks.items() if c - low > self.config.fair_lag}
+        return {r for r in mine if r.tenant in ahead}
+
+    # ---- who starts, who makes room ----
+
+    def may_start(self, r: Choice, running: Collection[Choice]) -> StartDecision:
+        if r.slo_class is _BATCH:
+            if len(self.queue.classes[_INTERACTIVE]) > 0:
+                return StartDecision.SKIP  # interactive overtakes batch, aged or not
+            if len(running) >= self._batch_slots(self._cap):
+                return StartDecision.STOP
+        if not self.fits(r, running):
+            return StartDecision.STOP  # no overtaking: the head waits for memory
+        return StartDecision.START
+
+    def make_room(self, running: Collection[Choice], limits: StepLimits) -> list[Choice]:
+        """Preempt batch for queued interactive requests that lack a slot or memory."""
+        waiting = list(self.queue.classes[_INTERACTIVE])
+        if not waiting:
+            return []
+        batch = sorted(
+            (r for r in running if r.slo_class is _BATCH), key=self._victim_key, reverse=True
+        )
+        if len(self.queue.classes[_BATCH]) + len(self.queue.promoted) > 0:
+            batch = batch[:-1]  # batch waits: its last running request stays
+        staying = list(running)
+        victims: list[Choice] = []
+        for x in sorted(waiting, key=lambda r: (r.order, r.index)):
+            need_slot = len(staying) + 1 > limits.max_running
+            while batch and (need_slot or not self.fits(x, staying)):
+                v = batch.pop(0)
+                victims.append(v)
+                staying.remove(v)
+                need_slot = False
+            if need_slot or not self.fits(x, staying):
+                break
+            staying.append(x)
+        return victims
+
+    def _victim_key(self, r: Choice) -> tuple[float, int, int]:
+        return (self.counters[r.slo_class].rank(r.tenant), r.order, r.index)
+
+    # ---- memory ----
+
+    def reservation(self, r: Choice) -> int:
+        """KV tokens ``r`` is expected to hold at its end."""
+        left = r.max_tokens - r.num_output
+        expected = self.config.reserve_factor * self.admission.est.expected()
+        if left > expected:
+            left = max(int(expected) - r.num_output, 1)
+        return r.num_tokens + max(left, 0) + self._block  # a partial block at each end
+
+    def fits(self, r: Choice, running: Collection[Choice]) -> bool:
+        if self._capacity_tokens is None:
+            return True
+        held = sum(self.reservation(o) for o in running if o is not r)
+        return held + self.reservation(r) <= self._capacity_tokens or not running
+
+    # ---- admission ----
+
+    def on_submit(
+        self, choices: Sequence[Choice], running: Collection[Choice], base: StepLimits
+    ) -> AdmissionVerdict:
+        x = choices[0]
+        cls = x.slo_class
+        cap = self.running_cap(base)
+        caps = StepLimits(cap, base.token_budget)
+        if cls is _BATCH:
+            caps = StepLimits(self._batch_slots(cap), base.token_budget)
+            ahead: Collection[Choice] = running
+        else:
+            ahead = [r for r in running if r.slo_class is _INTERACTIVE]  # batch yields
+        verdict = self.admission.decide(choices, ahead, caps, base)
+        if verdict.reason is None:
+            for r in choices:
+                self.counters[cls].join(r)
+                r.ttft_estimate = self.admission.last_estimate
+        return verdict
+
+    def on_finished(self, r: Choice) -> None:
+        super().on_finished(r)
+        if r.first_token is not None and r.ttft_estimate is not None and r.index == 0:
+            actual = r.first_token - r.arrival
+            self.estimates.append((r.ttft_estimate, actual))
+            log.debug(
+                "%s: first token estimated at %.3f s, came at %.3f s",
+                r.request_id,
+                r.ttft_estimate,
+                actual,
+            )
