@@ -9,7 +9,8 @@ from quanta_core.scheduler.policies.fair import SloPolicy, VtcPolicy
 from quanta_core.scheduler.policies.quanta import QuantaPolicy
 
 POLICIES: dict[PolicyName, type[Policy]] = {
-    cls.name: cls for cls in (
+    cls.name: cls
+    for cls in (
         SequentialPolicy,
         StaticPolicy,
         FcfsPolicy,

@@ -6,8 +6,8 @@ E the running mean of finished answers (``expected_output_tokens`` before the fi
 An interactive prefill runs in ITL-sized chunks beside the interactive streams only: batch
 streams yield the step to it (``SloPolicy.defers``), so its chunk is what a step of those
 streams leaves under the inter-token target. Under ``quanta`` it runs in full-budget steps
-instead, which queued prompts share: each is priced at its tokens' share of such a step. Everything else (batch, and the slots' release
-times) is priced beside the busy running set.
+instead, which queued prompts share: each is priced at its tokens' share of such a step.
+Everything else (batch, and the slots' release times) is priced beside the busy running set.
 """
 
 from __future__ import annotations
