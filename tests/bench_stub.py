@@ -36,6 +36,7 @@ class Script:
     done: float = 0.0
     quanta: dict[str, Any] | None = None  # the server-side split, as Quanta sends it
     status: int = 200  # not 200: answer at once with this status and an error body
+    retry_after_s: float | None = None  # with a status: sent as ``retry-after-ms``
 
 
 @dataclass
@@ -87,16 +88,21 @@ class StubServer:
         if request_line.startswith("GET /v1/models"):
             await self._respond(writer, 200, {"data": [{"id": "stub-model"}]})
             return
+        if request_line.startswith("GET "):
+            await self._respond(writer, 404, {"error": {"message": "not found"}})
+            return
         rid = headers["x-request-id"]
         self.bodies[rid] = json.loads(body)
         self.headers[rid] = headers
         script = self.scripts.get(rid, self.default)
         assert script is not None, f"no script for {rid}"
+        if script.status != 200:
+            ms = script.retry_after_s
+            headers = {} if ms is None else {"retry-after-ms": ms}
+            await self._respond(writer, script.status, {"error": {"message": "scripted"}}, headers)
+            return
         if self.live:
             await self._live(writer, script)
-            return
-        if script.status != 200:
-            await self._respond(writer, script.status, {"error": {"message": "scripted"}})
             return
         writer.write(
             b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n"
@@ -108,10 +114,17 @@ class StubServer:
         await self._done[rid].wait()
         writer.close()
 
-    async def _respond(self, writer: asyncio.StreamWriter, status: int, payload: object) -> None:
+    async def _respond(
+        self,
+        writer: asyncio.StreamWriter,
+        status: int,
+        payload: object,
+        headers: dict[str, float] | None = None,
+    ) -> None:
         data = json.dumps(payload).encode()
+        extra = "".join(f"{k}: {v * 1000:.0f}\r\n" for k, v in (headers or {}).items())
         writer.write(
-            f"HTTP/1.1 {status} X\r\ncontent-type: application/json\r\n"
+            f"HTTP/1.1 {status} X\r\ncontent-type: application/json\r\n{extra}"
             f"content-length: {len(data)}\r\nconnection: close\r\n\r\n".encode()
             + data
         )

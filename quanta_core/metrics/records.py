@@ -45,6 +45,8 @@ class RequestRecord:
     server_preemptions: int | None = None
     server_cached_tokens: int | None = None
     server_ttft_estimate_s: float | None = None  # the server's admission estimate of the TTFT
+    retry_after_s: float | None = None  # a 429/503's retry-after header
+    attempt: int = 0  # 0: the first try; k: the k-th retry after a rejection
 
     # ---- derived ----
 

@@ -208,3 +208,51 @@ def resummarize(
 
         for path in plot_all(result, records_of(result), results):
             console.print(f"plot: {path}")
+
+
+@bench_cli.command("scenarios")
+def scenarios(
+    servers: Annotated[
+        str, typer.Option(help="comma-separated: quanta policies, and llama-server")
+    ] = "quanta,fcfs,slo,llama-server",
+    only: Annotated[
+        str | None, typer.Option(help="comma-separated scenarios (default: all, in order)")
+    ] = None,
+    out: Annotated[Path, typer.Option(help="results directory")] = Path("bench/results/scenarios"),
+    model: Annotated[Path | None, typer.Option(help="GGUF file (default: Quanta's)")] = None,
+    threads: Annotated[int, typer.Option(help="llama.cpp threads, every server")] = 2,
+    port: Annotated[int, typer.Option(help="port of the server under test")] = 8093,
+    llama_server: Annotated[
+        Path | None, typer.Option(help="llama-server binary (default: the built one)")
+    ] = None,
+    scale: Annotated[float, typer.Option(help="shrink counts and durations")] = 1.0,
+) -> None:
+    """Every scenario against every server in turn (fresh, default settings): one table."""
+    from app.lab.bench.scenarios import ALL
+    from app.lab.bench.servers import LLAMA_SERVER, RealServers, find_llama_server
+    from app.lab.bench.suite import run_suite
+    from app.server.settings import default_model_path
+
+    names = [n.strip() for n in only.split(",")] if only else list(ALL)
+    unknown = [n for n in names if n not in ALL]
+    if unknown:
+        console.print(f"[red]unknown scenarios: {unknown} (known: {', '.join(ALL)})")
+        raise typer.Exit(code=2)
+    chosen = [s.strip() for s in servers.split(",") if s.strip()]
+    binary = llama_server or find_llama_server()
+    if LLAMA_SERVER in chosen and binary is None:
+        console.print("llama-server is not built (scripts/build_llama_server.sh): left out")
+        chosen.remove(LLAMA_SERVER)
+    launcher = RealServers(model or default_model_path(), threads, port, binary)
+    cells = run_suite([ALL[n](scale) for n in names], chosen, launcher, out, console.print)
+    write_tables(cells, out)
+
+
+def write_tables(cells: list[dict[str, Any]], out: Path) -> None:
+    from app.lab.bench.scenario_table import estimates_markdown, markdown
+
+    table = markdown(cells)
+    estimates = estimates_markdown(cells)
+    (out / "table.md").write_text(table + "\n" + estimates)
+    console.print(table)
+    console.print(estimates)

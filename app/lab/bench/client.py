@@ -73,6 +73,8 @@ def _record(
     status: int | None,
     weight: float,
     error: str | None = None,
+    retry_after_s: float | None = None,
+    attempt: int = 0,
 ) -> RequestRecord:
     s = stream.server
     error = error or stream.error
@@ -97,6 +99,8 @@ def _record(
         server_preemptions=s.get("preemptions"),
         server_cached_tokens=s.get("cached_tokens"),
         server_ttft_estimate_s=s.get("ttft_estimate_s"),
+        retry_after_s=retry_after_s,
+        attempt=attempt,
     )
 
 
@@ -109,9 +113,10 @@ async def send(
     api_key: str | None,
     clock: Callable[[], float],
     weight: float = 1.0,
+    attempt: int = 0,
 ) -> RequestRecord:
     """Send one request and stream its answer; never raises for a failed request."""
-    headers = {"x-request-id": f"r{planned.index}"}
+    headers = {"x-request-id": f"r{planned.index}" + (f".{attempt}" if attempt else "")}
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
     stream = _Stream()
@@ -126,7 +131,15 @@ async def send(
             if status != 200:
                 text = (await response.aread()).decode(errors="replace")
                 return _record(
-                    planned, sent, clock(), stream, status=status, weight=weight, error=text[:500]
+                    planned,
+                    sent,
+                    clock(),
+                    stream,
+                    status=status,
+                    weight=weight,
+                    error=text[:500],
+                    retry_after_s=_retry_after(response.headers),
+                    attempt=attempt,
                 )
             async for line in response.aiter_lines():
                 now = clock()
@@ -146,10 +159,25 @@ async def send(
             stream,
             status=status,
             weight=weight,
+            attempt=attempt,
         )
     except (httpx.HTTPError, json.JSONDecodeError) as exc:
         why = f"{type(exc).__name__}: {exc}"
-        return _record(planned, sent, None, stream, status=status, weight=weight, error=why)
+        return _record(
+            planned, sent, None, stream, status=status, weight=weight, error=why, attempt=attempt
+        )
+
+
+def _retry_after(headers: httpx.Headers) -> float | None:
+    """Seconds from ``retry-after-ms`` (Quanta's, exact) or ``retry-after``."""
+    for name, scale in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
+        value = headers.get(name)
+        if value is not None:
+            try:
+                return float(value) / scale
+            except ValueError:
+                return None
+    return None
 
 
 def perf_clock(origin: float) -> Callable[[], float]:

@@ -28,6 +28,9 @@ Send = Callable[[PlannedRequest], Awaitable[RequestRecord]]
 class RunOptions:
     api_key: str | None = None  # for tenants whose workload entry has none
     timeout_s: float = 600.0  # per request, between two bytes
+    # A 429/503 that says when to come back is sent again then, up to this many times;
+    # every attempt is passed to ``on_done``, the last one is the request's record.
+    retries: int = 0
 
 
 def _client(options: RunOptions) -> httpx.AsyncClient:
@@ -59,18 +62,25 @@ async def run_plan(
                 ignore_eos=target.ignore_eos,
                 temperature=target.temperature,
             )
-            record = await send(
-                client,
-                target,
-                planned,
-                body,
-                api_key=tenant.api_key or options.api_key,
-                clock=clock,
-                weight=tenant.weight,
-            )
-            if on_done is not None:
-                on_done(record)
-            return record
+            attempt = 0
+            while True:
+                record = await send(
+                    client,
+                    target,
+                    planned,
+                    body,
+                    api_key=tenant.api_key or options.api_key,
+                    clock=clock,
+                    weight=tenant.weight,
+                    attempt=attempt,
+                )
+                if on_done is not None:
+                    on_done(record)
+                wait = record.retry_after_s
+                if attempt >= options.retries or record.status not in (429, 503) or wait is None:
+                    return record
+                attempt += 1
+                await asyncio.sleep(wait)
 
         if spec.closed_loop:
             records = await _closed(spec, plan, one, clock)

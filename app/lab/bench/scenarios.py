@@ -1,0 +1,116 @@
+"""The scenarios that define the project, as workloads: what ``quanta bench scenarios`` runs.
+
+    twenty        20 people at once, 32-token prompts, 128-token answers (DESIGN.md)
+    flood         an interactive tenant (one request per ~3 s, 16-token answers) beside a
+                  batch flood of 96 requests at once (over twice any policy's running set)
+    kv-burst      24 x (60 + 200 tokens) at once on 2,048 KV cells (~8 fit)
+    overload      interactive load at ~2x capacity from four tenants; a refused request is
+                  retried once, at its retry-after
+    weights       two batch tenants of weights 1 and 2, 24 closed-loop users (~12 each)
+
+Each is short (tens of seconds on the 2-core reference machine). ``scale`` shrinks the
+counts and durations (the suite's own test runs them against a stub at a tiny scale).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from quanta_core.metrics import SloTargets
+from quanta_core.requests import SloClass
+from quanta_core.workload import TenantSpec, WorkloadSpec, fixed
+from quanta_core.workload.lengths import DistKind, LengthDist
+
+INTERACTIVE, BATCH = SloClass.INTERACTIVE, SloClass.BATCH
+# The server's default targets (quanta_core/scheduler/slo.py), scored by the same code.
+TARGETS = {
+    INTERACTIVE: SloTargets(ttft_s=2.0, tpot_s=0.25),
+    BATCH: SloTargets(deadline_s=120.0),
+}
+SMOOTH_GAP_S = 1.0  # "smooth": no inter-token gap over this
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    name: str
+    spec: WorkloadSpec
+    n_ctx: int = 8192  # the server's default
+    retries: int = 0  # refused requests are sent again at their retry-after this often
+
+
+def _n(count: int, scale: float) -> int:
+    return max(1, math.ceil(count * scale))
+
+
+def _uniform(lo: int, hi: int) -> LengthDist:
+    return LengthDist(DistKind.UNIFORM, min=lo, max=hi)
+
+
+def twenty(scale: float = 1.0) -> Scenario:
+    people = TenantSpec("people", prompt=fixed(32), output=fixed(128), requests=_n(20, scale))
+    spec = WorkloadSpec("twenty", (people,), requests=None, rate=math.inf, targets=TARGETS)
+    return Scenario("twenty", spec)
+
+
+def flood(scale: float = 1.0) -> Scenario:
+    chat = TenantSpec(
+        "chat", prompt=_uniform(32, 64), output=fixed(16), rate=1 / 3, requests=_n(12, scale)
+    )
+    etl = TenantSpec(
+        "etl",
+        slo_class=BATCH,
+        prompt=_uniform(16, 48),
+        output=fixed(32),
+        rate=math.inf,
+        requests=_n(96, scale),
+    )
+    spec = WorkloadSpec("flood", (chat, etl), seed=3, requests=None, targets=TARGETS)
+    return Scenario("flood", spec)
+
+
+def kv_burst(scale: float = 1.0) -> Scenario:
+    burst = TenantSpec("burst", prompt=fixed(60), output=fixed(200), requests=_n(24, scale))
+    spec = WorkloadSpec("kv-burst", (burst,), requests=None, rate=math.inf, targets=TARGETS)
+    return Scenario("kv-burst", spec, n_ctx=2048)
+
+
+def overload(scale: float = 1.0, rate: float = 1.6) -> Scenario:
+    """``rate``: twice what the machine serves of 64 + 64-token requests (measured: 0.8/s,
+    ``RUNS=capacity scripts/bench_fairness.sh``)."""
+    tenants = tuple(
+        TenantSpec(name, prompt=fixed(64), output=fixed(64))
+        for name in ("alice", "bob", "carol", "dave")
+    )
+    spec = WorkloadSpec(
+        "overload",
+        tenants,
+        seed=5,
+        requests=None,
+        rate=rate,
+        duration_s=30.0 * scale,
+        targets=TARGETS,
+    )
+    return Scenario("overload", spec, retries=1)
+
+
+def weights(scale: float = 1.0) -> Scenario:
+    tenants = (
+        TenantSpec("one", slo_class=BATCH, weight=1.0, prompt=fixed(64), output=fixed(32)),
+        TenantSpec("two", slo_class=BATCH, weight=2.0, prompt=fixed(64), output=fixed(32)),
+    )
+    spec = WorkloadSpec(
+        "weights",
+        tenants,
+        seed=11,
+        requests=_n(2000, scale),
+        users=24,
+        duration_s=40.0 * scale,
+        targets=TARGETS,
+        window_s=10.0 * scale,
+    )
+    return Scenario("weights", spec)
+
+
+ALL = {"twenty": twenty, "flood": flood, "kv-burst": kv_burst, "overload": overload}
+ALL["weights"] = weights

@@ -1,0 +1,130 @@
+"""``quanta bench scenarios``: every scenario against every server, in turns, one table.
+
+For each scenario, each server in turn (the default policy first): start it fresh (its
+tenants created), send the scenario's workload with the same client (``runner.run_plan``),
+stop it. Each run is written as a bench results file, ``<scenario>-<server>.json``; the
+table's cells and key figures go to ``figures.json`` and ``table.md``, one TTFT CDF per
+scenario to ``<scenario>.png``. The machine's load average is kept with every run: this
+machine is shared, and the figures are only worth their ratios within one suite run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from app.lab.bench.cells import estimate_errors, focus_class, generic, key_figures, last_attempts
+from app.lab.bench.cli import discover_model
+from app.lab.bench.client import Target
+from app.lab.bench.report import build_result, environment, write_result
+from app.lab.bench.runner import RunOptions, run_plan
+from app.lab.bench.scenarios import Scenario
+from app.lab.bench.servers import Launcher, ServerSpec
+from quanta_core.metrics import RequestRecord, summarize
+from quanta_core.workload import WorkloadSpec, build_plan
+
+Log = Callable[[str], None]
+
+
+def _with_keys(spec: WorkloadSpec, keys: dict[str, str]) -> WorkloadSpec:
+    tenants = tuple(dataclasses.replace(t, api_key=keys.get(t.name)) for t in spec.tenants)
+    return dataclasses.replace(spec, tenants=tenants)
+
+
+def run_one(
+    scenario: Scenario, server: str, launcher: Launcher, out: Path, timeout_s: float = 600.0
+) -> dict[str, Any]:
+    """One scenario against one server: its cell."""
+    spec = scenario.spec
+    load_before = os.getloadavg()
+    with launcher(server, ServerSpec(scenario.n_ctx, spec.tenants)) as running:
+        spec = _with_keys(spec, running.keys)
+        first_key = next(iter(running.keys.values()), None)
+        target = Target(
+            url=running.url,
+            model=discover_model(running.url, first_key),
+            endpoint=spec.endpoint,
+            seed=spec.seed,
+            ignore_eos=spec.ignore_eos,
+            temperature=spec.temperature,
+        )
+        attempts: list[RequestRecord] = []
+        options = RunOptions(first_key, timeout_s, retries=scenario.retries)
+        plan = build_plan(spec)
+        asyncio.run(run_plan(spec, plan, target, options, on_done=attempts.append))
+        env = environment(running.url, first_key)
+    records = last_attempts(attempts)
+    label = f"{scenario.name}-{server}"
+    summary = summarize(records, spec.targets, window_s=spec.window_s)
+    flags = {"server": server, "n_ctx": scenario.n_ctx, "retries": scenario.retries}
+    result = build_result(
+        label=label, spec=spec, flags=flags, env=env, records=attempts, summary=summary
+    )
+    write_result(result, out / f"{label}.json")
+    return {
+        "scenario": scenario.name,
+        "server": server,
+        **generic(records, focus_class(scenario)),
+        "key": key_figures(scenario, attempts),
+        "estimate": estimate_errors(records),
+        "load_avg_before": list(load_before),
+        "load_avg_after": list(os.getloadavg()),
+        "records": records,
+    }
+
+
+def run_suite(
+    scenarios: Sequence[Scenario],
+    servers: Sequence[str],
+    launcher: Launcher,
+    out: Path,
+    log: Log = print,
+) -> list[dict[str, Any]]:
+    out.mkdir(parents=True, exist_ok=True)
+    cells: list[dict[str, Any]] = []
+    for scenario in scenarios:
+        for server in servers:
+            log(f"{scenario.name}: {server}")
+            try:
+                cells.append(run_one(scenario, server, launcher, out))
+            except RuntimeError as exc:  # a server that would not start: a gap, not a stop
+                log(f"{scenario.name}: {server} did not run: {exc}")
+        _plot(scenario.name, [c for c in cells if c["scenario"] == scenario.name], out)
+    figures = [{k: v for k, v in c.items() if k != "records"} for c in cells]
+    (out / "figures.json").write_text(json.dumps(figures, indent=1) + "\n")
+    return cells
+
+
+def _plot(name: str, cells: list[dict[str, Any]], out: Path) -> None:
+    if not cells:
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.5), constrained_layout=True)
+    for c in cells:
+        rs = [r for r in c["records"] if r.ok and r.token_times]
+        for ax, values in (
+            (axes[0], sorted(r.ttft for r in rs if r.ttft is not None)),
+            (axes[1], sorted(g for r in rs for g in r.itls)),
+        ):
+            if values:
+                ys = [(i + 1) / len(values) for i in range(len(values))]
+                ax.step(values, ys, where="post", label=c["server"])
+    axes[0].set_xlabel("time to first token (s)")
+    axes[1].set_xlabel("inter-token gap (s)")
+    axes[1].set_xscale("log")
+    for ax in axes:
+        ax.set_ylabel("fraction")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"{name}: every server in turn, the same client")
+    fig.savefig(out / f"{name}.png", dpi=80)
+    plt.close(fig)
