@@ -200,3 +200,21 @@ def test_the_first_token_estimate_is_kept_and_checked() -> None:
     assert len(policy.estimates) == len(served)
     for est, actual in policy.estimates:
         assert est > 0 and actual > 0
+
+
+def test_a_burst_on_a_calm_machine_is_queued_within_the_grace() -> None:
+    def admitted(grace: float) -> list[float]:
+        cfg = SloConfig(interactive_ttft_s=0.5, burst_grace=grace)
+        h = Harness.make(FakeExecutor(n_seq_max=64), policy="quanta", slo=cfg)
+        for k in range(30):
+            h.submit(f"i{k}", prompt(32, base=400 + k), max_tokens=8, slo_class=INTER)
+        h.run()
+        return [
+            r.timings.ttft_estimate_s or 0.0
+            for r in h.results().values()
+            if r.finish_reason is FinishReason.LENGTH
+        ]
+
+    strict, lenient = admitted(0.0), admitted(1.0)
+    assert len(strict) < len(lenient) < 30
+    assert max(strict) <= 0.5 < max(lenient) <= 1.0

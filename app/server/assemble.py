@@ -17,6 +17,7 @@ from quanta_core.engine.llama_cpp.grammar import json_object_grammar, json_schem
 from quanta_core.engine.llama_cpp.tokenizer import Tokenizer
 from quanta_core.engine.protocol import Executor
 from quanta_core.scheduler import Driver, QueueBound, Scheduler, SchedulerConfig, SloConfig
+from quanta_core.scheduler.warmup import warm_up
 from quanta_core.sim.step_trace import StepTracer
 
 
@@ -59,6 +60,8 @@ def build_core(settings: Settings) -> Core:
     if settings.step_trace is not None:
         executor = StepTracer(executor, clock, settings.step_trace.open("w", buffering=1 << 16))
     scheduler = Scheduler(sched_config, executor.info, clock)
+    if settings.warmup:
+        warm_up(scheduler, executor)
     driver = Driver(scheduler, executor, clock)
 
     def stats() -> CoreStats:

@@ -95,6 +95,10 @@ class Settings(BaseSettings):
     max_running: int = Field(
         default=256, ge=1, description="most choices running at once (also <= n_seq_max)"
     )
+    warmup: bool = Field(
+        default=True,
+        description="run a few steps before ready, so the step-cost model starts measured",
+    )
     block_size: int = Field(default=16, ge=1, description="tokens per KV block")
     prefix_cache: bool = Field(default=True, description="share cached prompt prefixes")
     # Every cached cell costs every step (llama.cpp's one KV buffer: README, this setting).

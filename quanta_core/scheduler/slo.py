@@ -98,6 +98,12 @@ class SloConfig:
     # ``fair_lag`` weighted tokens sits out a step; a request's memory is reserved for its
     # max_tokens, or ``reserve_factor`` times the mean answer when that is fewer
     grow_headroom: float = 0.9
+    # ... and a burst that reaches a calm machine (no interactive request waiting for its
+    # first token in the last ``burst_window_s``) is queued when its projected first token
+    # is within ``1 + burst_grace`` targets: once it is served nobody waits behind it, so a
+    # refusal would buy nothing. Sustained overload gets no grace: the target is the bound.
+    burst_window_s: float = 1.0
+    burst_grace: float = 1.0
     fair_lag: float = 32.0
     reserve_factor: float = 4.0
 
@@ -117,6 +123,8 @@ class SloConfig:
             raise ValueError(f"itl_headroom and step_forgetting must be in (0, 1]: {self}")
         if not 0 < self.step_quantile <= 1 or self.step_window < 1 or self.step_prior_weight <= 0:
             raise ValueError(f"step_quantile in (0, 1], step_window >= 1, prior weight > 0: {self}")
+        if min(self.burst_window_s, self.burst_grace) < 0:
+            raise ValueError(f"burst_window_s and burst_grace must be >= 0: {self}")
         if not 0 < self.grow_headroom <= 1 or self.fair_lag < 0 or self.reserve_factor <= 0:
             raise ValueError(f"grow_headroom in (0, 1], fair_lag >= 0, reserve_factor > 0: {self}")
         if self.input_cost < 0 or self.output_cost < 0 or self.expected_output_tokens < 1:

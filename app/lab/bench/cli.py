@@ -221,7 +221,7 @@ def scenarios(
     out: Annotated[Path, typer.Option(help="results directory")] = Path("bench/results/scenarios"),
     model: Annotated[Path | None, typer.Option(help="GGUF file (default: Quanta's)")] = None,
     threads: Annotated[int, typer.Option(help="llama.cpp threads, every server")] = 2,
-    port: Annotated[int, typer.Option(help="port of the server under test")] = 8093,
+    port: Annotated[int, typer.Option(help="port of the server under test (0: a free one)")] = 0,
     llama_server: Annotated[
         Path | None, typer.Option(help="llama-server binary (default: the built one)")
     ] = None,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -45,6 +46,13 @@ class ServerSpec:
 
 
 Launcher = Callable[[str, ServerSpec], AbstractContextManager[Running]]
+
+
+def free_port() -> int:
+    """A port nobody listens on now (the machine is shared: a fixed one may be taken)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def _quanta_bin() -> list[str]:
@@ -97,7 +105,7 @@ class RealServers:
 
     model: Path
     threads: int
-    port: int
+    port: int = 0  # 0: a free one for each server
     llama_server: Path | None = None
     llama_slots: int = 20
 
@@ -117,14 +125,15 @@ class RealServers:
             "QUANTA_CONFIG": "/nonexistent/quanta.toml",
             "QUANTA_ADMIN_KEY": admin,
         }
-        url = f"http://127.0.0.1:{self.port}"
+        port = self.port or free_port()
+        url = f"http://127.0.0.1:{port}"
         try:
             subprocess.run([*_quanta_bin(), "migrate"], env=env, check=True, capture_output=True)
             cmd = [
                 *_quanta_bin(),
                 "run",
                 "--port",
-                str(self.port),
+                str(port),
                 "--model",
                 str(self.model),
                 "--policy",
@@ -149,7 +158,8 @@ class RealServers:
     def _llama(self, spec: ServerSpec) -> Iterator[Running]:
         if self.llama_server is None:
             raise RuntimeError("llama-server is not built (scripts/build_llama_server.sh)")
-        url = f"http://127.0.0.1:{self.port}"
+        port = self.port or free_port()
+        url = f"http://127.0.0.1:{port}"
         # --kv-unified: one KV buffer shared by all slots, as Quanta's engine runs it.
         cmd = [
             str(self.llama_server),
@@ -167,7 +177,7 @@ class RealServers:
             "--host",
             "127.0.0.1",
             "--port",
-            str(self.port),
+            str(port),
             "--no-webui",
             "--log-disable",
         ]

@@ -19,7 +19,9 @@ admission that answers at once) with these rules changed or added:
   batch always progresses. Aged batch goes ahead of other batch, never ahead of interactive.
 - Admission projects an interactive request behind the interactive work only (batch can be
   overtaken or preempted), so it is refused only when interactive work alone keeps it past
-  its target; the estimate is kept on the request (``ttft_estimate``) and reported.
+  its target; the estimate is kept on the request (``ttft_estimate``) and reported. A burst
+  that reaches a calm machine is queued up to ``burst_grace`` targets late (nobody waits
+  behind it, so a refusal buys nothing); under sustained overload the target is the bound.
 - Memory: a request starts only if every running request's reservation (its tokens plus the
   outputs still expected: ``max_tokens``, or ``reserve_factor`` times the mean answer when
   that is smaller) and its own fit the KV pool, so that a burst queues instead of thrashing.
@@ -67,6 +69,7 @@ class QuantaPolicy(SloPolicy):
         self._capacity_tokens: int | None = None
         self._block = 16
         self._ttft_first = False
+        self._calm_at = 0.0  # when no interactive request last waited for its first token
         # (estimated, actual) seconds to the first token of the last finished requests
         self.estimates: deque[tuple[float, float]] = deque(maxlen=1000)
 
@@ -191,12 +194,28 @@ class QuantaPolicy(SloPolicy):
             ahead: Collection[Choice] = running
         else:
             ahead = [r for r in running if r.slo_class is _INTERACTIVE]  # batch yields
+            self._note_calm(x.arrival, ahead)
+            burst = x.arrival - self._calm_at <= self.config.burst_window_s
+            grace = self.config.burst_grace * self.config.interactive_ttft_s
+            self.admission.ttft_grace_s = grace if burst else 0.0
         verdict = self.admission.decide(choices, ahead, caps, base)
         if verdict.reason is None:
             for r in choices:
                 self.counters[cls].join(r)
                 r.ttft_estimate = self.admission.last_estimate
         return verdict
+
+    def begin_cycle(self, running: Collection[Choice], now: float) -> None:
+        super().begin_cycle(running, now)
+        self._note_calm(now, running)
+
+    def _note_calm(self, now: float, running: Collection[Choice]) -> None:
+        """Remember when no interactive request last waited for its first token."""
+        if len(self.queue.classes[_INTERACTIVE]) > 0:
+            return
+        if any(r.slo_class is _INTERACTIVE and r.first_token is None for r in running):
+            return
+        self._calm_at = now
 
     def on_finished(self, r: Choice) -> None:
         super().on_finished(r)

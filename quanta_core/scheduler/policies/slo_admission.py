@@ -79,6 +79,9 @@ class SloAdmission:
         # projection), for checking the estimate against what happens.
         self.last_estimate: float | None = None
         self.first_token_s = 0.0  # ``estimate``'s wait and prefill, of its last call
+        # Seconds past the interactive target a projected first token may come and still be
+        # admitted (a policy sets it per request; 0: the target is the bound).
+        self.ttft_grace_s = 0.0
 
     # ---- the decision ----
 
@@ -137,7 +140,7 @@ class SloAdmission:
         ordered = [job(r, self.promises.get(r)) for r in queued if r not in self._unpromised()]
         if over:
             ordered += [job(x, None)] * len(self._tenants_below(x, running))
-        mine = job(x, now + target)
+        mine = job(x, now + target + self.ttft_grace_s)
         firsts = project(now, slots, [*ordered, mine])
         if not late([mine], firsts[-1:]):
             self.last_estimate = firsts[-1] - now
