@@ -42,12 +42,22 @@ def test_quanta_is_the_server_default_and_max_running_does_not_govern() -> None:
 def test_the_running_set_is_what_the_step_cost_keeps_within_the_itl_target(
     step_seq_s: float,
 ) -> None:
-    config = SloConfig(step_seq_s=step_seq_s, interactive_ttft_s=60.0)
+    # no burst grace: the set is sized to the inter-token target alone
+    config = SloConfig(step_seq_s=step_seq_s, interactive_ttft_s=60.0, burst_grace=0.0)
     h = Harness.make(FakeExecutor(n_seq_max=64), policy="quanta", max_running=256, slo=config)
     for k in range(40):
         h.submit(f"r{k}", prompt(8, base=100 + 10 * k), max_tokens=20, slo_class=INTER)
     assert max_running(h) == cost_cap(config, 64) < 40
     assert len(h.results()) == 40
+
+
+def test_a_burst_on_a_calm_machine_grows_the_set_to_the_smooth_gap() -> None:
+    config = SloConfig(interactive_ttft_s=60.0)
+    h = Harness.make(FakeExecutor(n_seq_max=64), policy="quanta", max_running=256, slo=config)
+    for k in range(40):
+        h.submit(f"r{k}", prompt(8, base=100 + 10 * k), max_tokens=20, slo_class=INTER)
+    burst = StepCostModel(config).max_seqs(config.burst_itl_s * config.grow_headroom, 64)
+    assert cost_cap(config, 64) < max_running(h) == min(burst, 40)
 
 
 def test_max_running_is_an_upper_bound_a_user_may_set() -> None:

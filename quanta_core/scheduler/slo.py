@@ -104,6 +104,7 @@ class SloConfig:
     # refusal would buy nothing. Sustained overload gets no grace: the target is the bound.
     burst_window_s: float = 1.0
     burst_grace: float = 1.0
+    burst_itl_s: float = 1.0  # while such a burst waits, steps may grow to this (smooth)
     fair_lag: float = 32.0
     reserve_factor: float = 4.0
 
@@ -123,8 +124,8 @@ class SloConfig:
             raise ValueError(f"itl_headroom and step_forgetting must be in (0, 1]: {self}")
         if not 0 < self.step_quantile <= 1 or self.step_window < 1 or self.step_prior_weight <= 0:
             raise ValueError(f"step_quantile in (0, 1], step_window >= 1, prior weight > 0: {self}")
-        if min(self.burst_window_s, self.burst_grace) < 0:
-            raise ValueError(f"burst_window_s and burst_grace must be >= 0: {self}")
+        if min(self.burst_window_s, self.burst_grace) < 0 or self.burst_itl_s <= 0:
+            raise ValueError(f"burst_window_s, burst_grace >= 0 and burst_itl_s > 0: {self}")
         if not 0 < self.grow_headroom <= 1 or self.fair_lag < 0 or self.reserve_factor <= 0:
             raise ValueError(f"grow_headroom in (0, 1], fair_lag >= 0, reserve_factor > 0: {self}")
         if self.input_cost < 0 or self.output_cost < 0 or self.expected_output_tokens < 1:

@@ -21,7 +21,10 @@ admission that answers at once) with these rules changed or added:
   overtaken or preempted), so it is refused only when interactive work alone keeps it past
   its target; the estimate is kept on the request (``ttft_estimate``) and reported. A burst
   that reaches a calm machine is queued up to ``burst_grace`` targets late (nobody waits
-  behind it, so a refusal buys nothing); under sustained overload the target is the bound.
+  behind it, so a refusal buys nothing), and while any of it waits the running set may grow
+  to what the cost model prices within ``burst_itl_s`` (still smooth: every stream gets a
+  token per such gap), so that the twentieth person is not left behind a cap; under
+  sustained overload the target is the bound and the set stays at the inter-token size.
 - Memory: a request starts only if every running request's reservation (its tokens plus the
   outputs still expected: ``max_tokens``, or ``reserve_factor`` times the mean answer when
   that is smaller) and its own fit the KV pool, so that a burst queues instead of thrashing.
@@ -70,6 +73,7 @@ class QuantaPolicy(SloPolicy):
         self._block = 16
         self._ttft_first = False
         self._calm_at = 0.0  # when no interactive request last waited for its first token
+        self._burst_queued: set[Choice] = set()  # queued, admitted as part of a calm burst
         # (estimated, actual) seconds to the first token of the last finished requests
         self.estimates: deque[tuple[float, float]] = deque(maxlen=1000)
 
@@ -83,13 +87,15 @@ class QuantaPolicy(SloPolicy):
 
     # ---- the running set and the step ----
 
-    def running_cap(self, base: StepLimits) -> int:
-        """The most sequences whose decode step the cost model prices within the target."""
-        return self.cost.max_seqs(self._grow_target, base.max_running)
+    def running_cap(self, base: StepLimits, burst: bool = False) -> int:
+        """The most sequences whose decode step the cost model prices within the inter-token
+        target; for a burst on a calm machine, within ``burst_itl_s``."""
+        target = self.config.burst_itl_s if burst else self.config.interactive_itl_s
+        return self.cost.max_seqs(target * self.config.grow_headroom, base.max_running)
 
     def limits(self, running: Collection[Choice], base: StepLimits) -> StepLimits:
         self._running = running
-        cap = self.running_cap(base)
+        cap = self.running_cap(base, burst=bool(self._burst_queued))
         self._cap = cap
         queued = len(self.queue.classes[_INTERACTIVE]) > 0
         inter = [r for r in running if r.slo_class is _INTERACTIVE]
@@ -198,11 +204,15 @@ class QuantaPolicy(SloPolicy):
             burst = x.arrival - self._calm_at <= self.config.burst_window_s
             grace = self.config.burst_grace * self.config.interactive_ttft_s
             self.admission.ttft_grace_s = grace if burst else 0.0
+            if burst:
+                caps = StepLimits(self.running_cap(base, burst=True), base.token_budget)
         verdict = self.admission.decide(choices, ahead, caps, base)
         if verdict.reason is None:
             for r in choices:
                 self.counters[cls].join(r)
                 r.ttft_estimate = self.admission.last_estimate
+                if cls is _INTERACTIVE and self.admission.ttft_grace_s > 0:
+                    self._burst_queued.add(r)
         return verdict
 
     def begin_cycle(self, running: Collection[Choice], now: float) -> None:
@@ -217,8 +227,13 @@ class QuantaPolicy(SloPolicy):
             return
         self._calm_at = now
 
+    def on_started(self, r: Choice) -> None:
+        super().on_started(r)
+        self._burst_queued.discard(r)
+
     def on_finished(self, r: Choice) -> None:
         super().on_finished(r)
+        self._burst_queued.discard(r)
         if r.first_token is not None and r.ttft_estimate is not None and r.index == 0:
             actual = r.first_token - r.arrival
             self.estimates.append((r.ttft_estimate, actual))
