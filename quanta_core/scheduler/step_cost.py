@@ -33,6 +33,8 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from collections import deque
+from collections.abc import Callable
+from typing import Protocol
 
 from quanta_core.scheduler.slo import SloConfig
 
@@ -166,13 +168,53 @@ class StepCostModel:
     def prefill_s(self, n_tokens: int, n_decoding: int, step_tokens: int) -> float:
         """Prefilling ``n_tokens`` in chunks beside ``n_decoding`` streams, ``step_tokens``
         tokens per step in all: full chunks, then the rest."""
-        if n_tokens <= 0:
-            return 0.0
-        chunk = max(step_tokens - n_decoding, 1)
-        full, rest = divmod(n_tokens, chunk)
-        seqs = n_decoding + 1
-        total = full * self.estimate(seqs, n_decoding + chunk)
-        return total + (self.estimate(seqs, n_decoding + rest) if rest else 0.0)
+        return _prefill_s(self.estimate, n_tokens, n_decoding, step_tokens)
+
+    def at_mean(self) -> MeanCosts:
+        return MeanCosts(self)
+
+
+class StepCosts(Protocol):
+    """What admission's projections ask of a step-cost model."""
+
+    def estimate(self, n_seqs: int, n_tokens: int) -> float: ...
+    def decode_step_s(self, n_seqs: int) -> float: ...
+    def prefill_s(self, n_tokens: int, n_decoding: int, step_tokens: int) -> float: ...
+    def max_tokens(self, n_seqs: int, target_s: float, limit: int) -> int: ...
+
+
+class MeanCosts:
+    """The same learnt model priced at its mean, for projections over many steps: their
+    noise averages out, so a per-step high quantile summed over a projection is far too
+    late (on a shared machine the quantile of a short window is its worst step). Chunk
+    sizes for the inter-token target keep the model's margin: that is a bound per step."""
+
+    def __init__(self, model: StepCostModel) -> None:
+        self.model = model
+
+    def estimate(self, n_seqs: int, n_tokens: int) -> float:
+        return self.model.mean(n_seqs, n_tokens)
+
+    def decode_step_s(self, n_seqs: int) -> float:
+        return self.model.mean(n_seqs, n_seqs)
+
+    def prefill_s(self, n_tokens: int, n_decoding: int, step_tokens: int) -> float:
+        return _prefill_s(self.estimate, n_tokens, n_decoding, step_tokens)
+
+    def max_tokens(self, n_seqs: int, target_s: float, limit: int) -> int:
+        return self.model.max_tokens(n_seqs, target_s, limit)
+
+
+def _prefill_s(
+    estimate: Callable[[int, int], float], n_tokens: int, n_decoding: int, step_tokens: int
+) -> float:
+    if n_tokens <= 0:
+        return 0.0
+    chunk = max(step_tokens - n_decoding, 1)
+    full, rest = divmod(n_tokens, chunk)
+    seqs = n_decoding + 1
+    total = full * estimate(seqs, n_decoding + chunk)
+    return total + (estimate(seqs, n_decoding + rest) if rest else 0.0)
 
 
 def _dot(a: Vec, b: Vec) -> float:

@@ -48,6 +48,7 @@ from quanta_core.scheduler.choice import Choice
 from quanta_core.scheduler.config import PolicyName, SchedulerConfig, StepLimits
 from quanta_core.scheduler.policies.base import Policy, StartDecision
 from quanta_core.scheduler.policies.fair import SloPolicy
+from quanta_core.scheduler.policies.slo_admission import SloAdmission
 from quanta_core.scheduler.slo import SloConfig
 
 log = logging.getLogger("quanta.admission")
@@ -65,9 +66,11 @@ class QuantaPolicy(SloPolicy):
 
     def __init__(self, config: SloConfig | None = None) -> None:
         super().__init__(config)
+        cfg = self.config
+        # Projections over many steps are priced at the model's mean (``MeanCosts``).
+        self.admission = SloAdmission(cfg, self.cost.at_mean(), self.queue, self.counters)
         self.admission.promoted_ahead = False
         self.admission.est.full_budget_prefill = True
-        cfg = self.config
         self._grow_target = cfg.interactive_itl_s * cfg.grow_headroom
         self._capacity_tokens: int | None = None
         self._block = 16

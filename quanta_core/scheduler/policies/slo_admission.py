@@ -49,7 +49,7 @@ from quanta_core.scheduler.policies.slo_estimates import SloEstimates, prefill_l
 from quanta_core.scheduler.policies.vtc import VirtualCounters
 from quanta_core.scheduler.queue import arrival_order
 from quanta_core.scheduler.slo import QueueBound, SloConfig
-from quanta_core.scheduler.step_cost import StepCostModel
+from quanta_core.scheduler.step_cost import StepCosts
 
 _MIN_WEIGHT = 1e-6
 
@@ -62,7 +62,7 @@ class SloAdmission:
     def __init__(
         self,
         config: SloConfig,
-        cost: StepCostModel,
+        cost: StepCosts,
         queue: ClassQueue,
         counters: Mapping[SloClass, VirtualCounters],
     ) -> None:

@@ -18,7 +18,7 @@ from quanta_core.requests import SloClass
 from quanta_core.scheduler.choice import Choice
 from quanta_core.scheduler.policies.promises import Job, Slots
 from quanta_core.scheduler.slo import SloConfig
-from quanta_core.scheduler.step_cost import StepCostModel
+from quanta_core.scheduler.step_cost import StepCosts
 
 
 def prefill_left(r: Choice) -> int:
@@ -27,7 +27,7 @@ def prefill_left(r: Choice) -> int:
 
 
 class SloEstimates:
-    def __init__(self, config: SloConfig, cost: StepCostModel) -> None:
+    def __init__(self, config: SloConfig, cost: StepCosts) -> None:
         self.config = config
         self.cost = cost
         self.expected_output = float(config.expected_output_tokens)
