@@ -40,6 +40,7 @@ These are the same targets ``quanta_core.metrics.slo`` scores goodput against.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from quanta_core.requests import SloClass
@@ -100,10 +101,11 @@ class SloConfig:
     grow_headroom: float = 0.9
     # ... and a burst that reaches a calm machine (no interactive request waiting for its
     # first token in the last ``burst_window_s``) is queued when its projected first token
-    # is within ``1 + burst_grace`` targets: once it is served nobody waits behind it, so a
-    # refusal would buy nothing. Sustained overload gets no grace: the target is the bound.
+    # is within ``1 + burst_grace`` targets (inf: whatever it is, up to the queue bounds):
+    # once it is served nobody waits behind it, so a refusal would buy nothing. Sustained
+    # overload gets no grace: the target is the bound.
     burst_window_s: float = 1.0
-    burst_grace: float = 1.0
+    burst_grace: float = math.inf
     burst_itl_s: float = 1.0  # while such a burst waits, steps may grow to this (smooth)
     fair_lag: float = 32.0
     reserve_factor: float = 4.0

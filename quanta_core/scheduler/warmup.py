@@ -51,4 +51,5 @@ def warm_up(
         scheduler.update(plan, executor.step(plan))
         steps += 1
     scheduler.drain_events()
+    scheduler.policy.after_warm_up(WARMUP_TENANT)
     return steps

@@ -33,6 +33,9 @@ class TenantSpec:
     prompt: LengthDist = field(default_factory=lambda: fixed(32))
     output: LengthDist = field(default_factory=lambda: fixed(128))
     prefix_tokens: int = 0  # a prompt prefix shared by all of its requests (a system prompt)
+    # closed loop: this many of the workload's users are this tenant's own, sending only its
+    # requests (None: the users take every tenant's requests in plan order; the bench only)
+    users: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -46,6 +49,7 @@ class TenantSpec:
             "prompt": self.prompt.as_dict(),
             "output": self.output.as_dict(),
             "prefix_tokens": self.prefix_tokens,
+            "users": self.users,
         }
 
 

@@ -115,10 +115,9 @@ async def _closed(
     one: Send,
     clock: Callable[[], float],
 ) -> list[RequestRecord]:
-    queue = list(reversed(plan))
     records: list[RequestRecord] = []
 
-    async def user() -> None:
+    async def user(queue: list[PlannedRequest]) -> None:
         while queue:
             if spec.duration_s is not None and clock() >= spec.duration_s:
                 return
@@ -126,5 +125,12 @@ async def _closed(
             if spec.think_s > 0:
                 await asyncio.sleep(spec.think_s)
 
-    await asyncio.gather(*(user() for _ in range(spec.users or 1)))
+    own = {t.name: t.users for t in spec.tenants if t.users}
+    if own:  # each tenant's users send only its requests
+        queues = {name: [p for p in reversed(plan) if p.tenant == name] for name in own}
+        users = [user(queues[name]) for name, n in own.items() for _ in range(n)]
+    else:
+        shared = list(reversed(plan))
+        users = [user(shared) for _ in range(spec.users or 1)]
+    await asyncio.gather(*users)
     return records

@@ -6,7 +6,7 @@
     kv-burst      24 x (60 + 200 tokens) at once on 2,048 KV cells (~8 fit)
     overload      interactive load at ~2x capacity from four tenants; a refused request is
                   retried once, at its retry-after
-    weights       two batch tenants of weights 1 and 2, 24 closed-loop users (~12 each)
+    weights       two batch tenants of weights 1 and 2, 12 closed-loop users each
 
 Each is short (tens of seconds on the 2-core reference machine). ``scale`` shrinks the
 counts and durations (the suite's own test runs them against a stub at a tiny scale).
@@ -75,9 +75,9 @@ def kv_burst(scale: float = 1.0) -> Scenario:
     return Scenario("kv-burst", spec, n_ctx=2048)
 
 
-def overload(scale: float = 1.0, rate: float = 1.6) -> Scenario:
-    """``rate``: twice what the machine serves of 64 + 64-token requests (measured: 0.8/s,
-    ``RUNS=capacity scripts/bench_fairness.sh``)."""
+def overload(scale: float = 1.0, rate: float = 3.0) -> Scenario:
+    """``rate``: about twice what the default policy serves of 64 + 64-token requests on
+    the reference machine (~1.5/s: ~95 output tokens/s, bench/results/scenarios/)."""
     tenants = tuple(
         TenantSpec(name, prompt=fixed(64), output=fixed(64))
         for name in ("alice", "bob", "carol", "dave")
@@ -96,8 +96,12 @@ def overload(scale: float = 1.0, rate: float = 1.6) -> Scenario:
 
 def weights(scale: float = 1.0) -> Scenario:
     tenants = (
-        TenantSpec("one", slo_class=BATCH, weight=1.0, prompt=fixed(64), output=fixed(32)),
-        TenantSpec("two", slo_class=BATCH, weight=2.0, prompt=fixed(64), output=fixed(32)),
+        TenantSpec(
+            "one", slo_class=BATCH, weight=1.0, prompt=fixed(64), output=fixed(32), users=12
+        ),
+        TenantSpec(
+            "two", slo_class=BATCH, weight=2.0, prompt=fixed(64), output=fixed(32), users=12
+        ),
     )
     spec = WorkloadSpec(
         "weights",

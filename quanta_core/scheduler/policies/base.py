@@ -121,5 +121,9 @@ class Policy(ABC):
     def on_step(self, plan: StepPlan, result: StepResult) -> None:  # noqa: B027
         """A step ran (for cost models)."""
 
+    def after_warm_up(self, tenant: str) -> None:  # noqa: B027
+        """The warm-up workload (``tenant``'s) is done: keep what it taught of step costs,
+        forget what it says about answers and service."""
+
     def tenant_stats(self, running: Collection[Choice]) -> tuple[TenantStats, ...]:
         return ()

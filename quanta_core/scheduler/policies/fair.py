@@ -282,6 +282,11 @@ class SloPolicy(Policy):
         if r.finish_reason in _SERVED and r.index == 0:
             self.admission.observe_output(r.num_output + r.eog_tokens)
 
+    def after_warm_up(self, tenant: str) -> None:
+        self.admission.est.expected_output = float(self.config.expected_output_tokens)
+        for counters in self.counters.values():
+            counters.forget(tenant)
+
     def on_step(self, plan: StepPlan, result: StepResult) -> None:
         seconds = result.timings.total_s or result.timings.engine_s
         n_tokens = sum(len(s.tokens) for s in plan.slices)

@@ -9,10 +9,10 @@ admission that answers at once) with these rules changed or added:
   configured ``max_running`` is only an upper bound. Batch alone runs at the same size (a CPU
   is compute bound: more streams buy almost no throughput, and an interactive arrival then
   finds the step already short). Batch leaves ``interactive_reserve`` slots free.
-- Time to first token first: while an interactive request waits for its first token (queued,
-  or prefilling), steps carry the full token budget, the interactive prefill before batch
-  (batch yields to it); otherwise prefill chunks beside interactive streams are sized to the
-  inter-token target (``room``).
+- Time to first token first in a burst: while a request of a calm burst waits for its first
+  token, steps carry the full token budget; otherwise prefill chunks beside interactive
+  streams are sized to the inter-token target (``room``), as under sustained load. Batch
+  yields the step to an interactive prefill either way.
 - Class isolation: an interactive request that cannot start for want of a slot or of memory
   takes them from running batch requests, which are preempted (stashed: cheap, 22.5 KiB per
   token) and resume later. The last running batch request is never taken while batch waits:
@@ -20,8 +20,9 @@ admission that answers at once) with these rules changed or added:
 - Admission projects an interactive request behind the interactive work only (batch can be
   overtaken or preempted), so it is refused only when interactive work alone keeps it past
   its target; the estimate is kept on the request (``ttft_estimate``) and reported. A burst
-  that reaches a calm machine is queued up to ``burst_grace`` targets late (nobody waits
-  behind it, so a refusal buys nothing), and while any of it waits the running set may grow
+  that reaches a calm machine is queued, not refused (up to ``burst_grace`` targets late;
+  by default without a bound but the queue's: once it is served nobody waits behind it, so
+  a refusal buys nothing), and while any of it waits the running set may grow
   to what the cost model prices within ``burst_itl_s`` (still smooth: every stream gets a
   token per such gap), so that the twentieth person is not left behind a cap; under
   sustained overload the target is the bound and the set stays at the inter-token size.
@@ -67,16 +68,17 @@ class QuantaPolicy(SloPolicy):
     def __init__(self, config: SloConfig | None = None) -> None:
         super().__init__(config)
         cfg = self.config
+        # one bound for the set's size and the steps' tokens: the inter-token target
+        self._itl_target = cfg.interactive_itl_s * cfg.grow_headroom
         # Projections over many steps are priced at the model's mean (``MeanCosts``).
         self.admission = SloAdmission(cfg, self.cost.at_mean(), self.queue, self.counters)
         self.admission.promoted_ahead = False
-        self.admission.est.full_budget_prefill = True
-        self._grow_target = cfg.interactive_itl_s * cfg.grow_headroom
+        self.admission.est.itl_target_s = self._itl_target
         self._capacity_tokens: int | None = None
         self._block = 16
         self._ttft_first = False
         self._calm_at = 0.0  # when no interactive request last waited for its first token
-        self._burst_queued: set[Choice] = set()  # queued, admitted as part of a calm burst
+        self._burst: set[Choice] = set()  # admitted in a calm burst, before the first token
         # (estimated, actual) seconds to the first token of the last finished requests
         self.estimates: deque[tuple[float, float]] = deque(maxlen=1000)
 
@@ -98,12 +100,13 @@ class QuantaPolicy(SloPolicy):
 
     def limits(self, running: Collection[Choice], base: StepLimits) -> StepLimits:
         self._running = running
-        cap = self.running_cap(base, burst=bool(self._burst_queued))
+        self._burst = {r for r in self._burst if r.first_token is None and not r.is_finished}
+        cap = self.running_cap(base, burst=bool(self._burst))
         self._cap = cap
-        queued = len(self.queue.classes[_INTERACTIVE]) > 0
         inter = [r for r in running if r.slo_class is _INTERACTIVE]
-        self._ttft_first = queued or any(_prefilling(r) for r in inter)
-        self._batch_yields = self._ttft_first
+        self._ttft_first = bool(self._burst)
+        queued = len(self.queue.classes[_INTERACTIVE]) > 0
+        self._batch_yields = queued or any(_prefilling(r) for r in inter)
         budget = base.token_budget
         if inter and not self._ttft_first:
             n_seqs = min(len(running) + 1, cap)
@@ -198,15 +201,17 @@ class QuantaPolicy(SloPolicy):
         cls = x.slo_class
         cap = self.running_cap(base)
         caps = StepLimits(cap, base.token_budget)
+        burst = False
         if cls is _BATCH:
             caps = StepLimits(self._batch_slots(cap), base.token_budget)
             ahead: Collection[Choice] = running
         else:
             ahead = [r for r in running if r.slo_class is _INTERACTIVE]  # batch yields
             self._note_calm(x.arrival, ahead)
-            burst = x.arrival - self._calm_at <= self.config.burst_window_s
+            burst = x.arrival - self._calm_at < self.config.burst_window_s
             grace = self.config.burst_grace * self.config.interactive_ttft_s
             self.admission.ttft_grace_s = grace if burst else 0.0
+            self.admission.est.full_budget_prefill = burst
             if burst:
                 caps = StepLimits(self.running_cap(base, burst=True), base.token_budget)
         verdict = self.admission.decide(choices, ahead, caps, base)
@@ -214,8 +219,8 @@ class QuantaPolicy(SloPolicy):
             for r in choices:
                 self.counters[cls].join(r)
                 r.ttft_estimate = self.admission.last_estimate
-                if cls is _INTERACTIVE and self.admission.ttft_grace_s > 0:
-                    self._burst_queued.add(r)
+                if cls is _INTERACTIVE and burst:
+                    self._burst.add(r)
         return verdict
 
     def begin_cycle(self, running: Collection[Choice], now: float) -> None:
@@ -230,13 +235,8 @@ class QuantaPolicy(SloPolicy):
             return
         self._calm_at = now
 
-    def on_started(self, r: Choice) -> None:
-        super().on_started(r)
-        self._burst_queued.discard(r)
-
     def on_finished(self, r: Choice) -> None:
         super().on_finished(r)
-        self._burst_queued.discard(r)
         if r.first_token is not None and r.ttft_estimate is not None and r.index == 0:
             actual = r.first_token - r.arrival
             self.estimates.append((r.ttft_estimate, actual))

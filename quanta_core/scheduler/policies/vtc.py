@@ -77,6 +77,12 @@ class VirtualCounters:
             del self._live[t]
             self._last_idle = self.counter[t]
 
+    def forget(self, tenant: str) -> None:
+        """An idle tenant leaves no trace (the warm-up's)."""
+        if tenant not in self._live:
+            self.counter.pop(tenant, None)
+            self._last_idle = min(self.counter.values(), default=0.0)
+
     def charge(self, r: Choice, input_tokens: int, output_tokens: int) -> None:
         w = max(r.weight, _MIN_WEIGHT)
         cost_in = self.input_cost * input_tokens / w
