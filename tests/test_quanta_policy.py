@@ -230,3 +230,53 @@ def test_a_burst_on_a_calm_machine_is_queued_within_the_grace() -> None:
     strict, lenient, unbounded = admitted(0.0), admitted(1.0), admitted(math.inf)
     assert len(strict) < len(lenient) < len(unbounded) == 30
     assert max(strict) <= 0.5 < max(lenient) <= 1.0
+
+
+def retry_admitted(bookings: bool) -> tuple[bool, int]:
+    """Sustained overload on 4 slots: 30 at once; the first refused request comes back at
+    its retry-after, just after four fresh arrivals. Was it admitted, and how many fresh ones
+    were refused? Steps are priced at the harness's 10 ms, so projections and the virtual
+    clock agree."""
+    cfg = SloConfig(
+        interactive_ttft_s=0.2,
+        burst_window_s=0.0,
+        step_base_s=0.01,
+        step_seq_s=1e-6,
+        step_token_s=1e-6,
+    )
+    h = Harness.make(FakeExecutor(n_seq_max=64), policy="quanta", max_running=4, slo=cfg)
+    policy = h.sched.policy
+    assert isinstance(policy, QuantaPolicy)
+    if not bookings:
+        policy.admission.bookings = None
+    for k in range(30):
+        h.submit(f"i{k}", prompt(32, base=100 + k), max_tokens=40, slo_class=INTER)
+    refused = [
+        r
+        for (rid, _), r in sorted(h.results().items(), key=lambda kv: int(kv[0][0][1:]))
+        if r.finish_reason is FinishReason.REJECTED
+    ]
+    first = refused[0]
+    assert first.retry_after_s is not None
+    back_at = first.timings.arrival + first.retry_after_s
+    while h.clock.now() < back_at:
+        h.cycle()
+    for k in range(4):  # as many as the slots that free next
+        h.submit(f"new{k}", prompt(32, base=300 + k), max_tokens=40, slo_class=INTER)
+    base = 100 + int(first.request_id[1:])
+    h.submit("retry", prompt(32, base=base), max_tokens=40, slo_class=INTER)
+    h.run()
+    results = h.results()
+    fresh_refused = sum(
+        1
+        for (rid, _), r in results.items()
+        if rid.startswith("new") and r.finish_reason is FinishReason.REJECTED
+    )
+    return results[("retry", 0)].finish_reason is FinishReason.LENGTH, fresh_refused
+
+
+def test_a_retry_at_its_retry_after_finds_its_booked_place() -> None:
+    admitted, fresh_refused = retry_admitted(bookings=True)
+    assert admitted
+    assert fresh_refused > 0  # the room went to the retry, not to later arrivals
+    assert retry_admitted(bookings=False)[0] is False  # without the booking it is taken

@@ -159,7 +159,7 @@ def _weights(records: Sequence[RequestRecord]) -> dict[str, Any]:
     stop = min(ends)
     served = {t: sum(s for when, s in events[t] if start <= when < stop) for t in tenants}
     tokens = {
-        t: sum(r.n_output for r in _served(records) if r.tenant == t and (r.finished or 0) < stop)
+        t: sum(1 for r in records if r.tenant == t for x in r.token_times if start <= x < stop)
         for t in tenants
     }
     # the cumulative weighted difference, sampled once per second

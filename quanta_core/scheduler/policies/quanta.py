@@ -9,23 +9,23 @@ admission that answers at once) with these rules changed or added:
   configured ``max_running`` is only an upper bound. Batch alone runs at the same size (a CPU
   is compute bound: more streams buy almost no throughput, and an interactive arrival then
   finds the step already short). Batch leaves ``interactive_reserve`` slots free.
-- Time to first token first in a burst: while a request of a calm burst waits for its first
-  token, steps carry the full token budget; otherwise prefill chunks beside interactive
-  streams are sized to the inter-token target (``room``), as under sustained load. Batch
-  yields the step to an interactive prefill either way.
 - Class isolation: an interactive request that cannot start for want of a slot or of memory
   takes them from running batch requests, which are preempted (stashed: cheap, 22.5 KiB per
   token) and resume later. The last running batch request is never taken while batch waits:
   batch always progresses. Aged batch goes ahead of other batch, never ahead of interactive.
 - Admission projects an interactive request behind the interactive work only (batch can be
   overtaken or preempted), so it is refused only when interactive work alone keeps it past
-  its target; the estimate is kept on the request (``ttft_estimate``) and reported. A burst
-  that reaches a calm machine is queued, not refused (up to ``burst_grace`` targets late;
-  by default without a bound but the queue's: once it is served nobody waits behind it, so
-  a refusal buys nothing), and while any of it waits the running set may grow
-  to what the cost model prices within ``burst_itl_s`` (still smooth: every stream gets a
-  token per such gap), so that the twentieth person is not left behind a cap; under
-  sustained overload the target is the bound and the set stays at the inter-token size.
+  its target; the estimate is kept on the request (``ttft_estimate``) and reported. A
+  refusal books the retry it asks for (``bookings``): later arrivals are projected behind
+  it, so that a retry at retry-after finds the room it was told of.
+- A burst that reaches a calm machine (no interactive request waiting for a first token,
+  fewer interactive streams than the inter-token-sized set) is queued, not refused: up to
+  ``burst_grace`` targets late, by default bounded only by the queue (once it is served
+  nobody waits behind it, so a refusal buys nothing). While any of it waits for a first
+  token, steps carry the full token budget and the running set may grow to what the cost
+  model prices within ``burst_itl_s`` (still smooth: a token per such gap), so that the
+  twentieth person is not left behind a cap. Under sustained load the target is the bound,
+  the set keeps its inter-token size and prefill chunks fit the inter-token target.
 - Memory: a request starts only if every running request's reservation (its tokens plus the
   outputs still expected: ``max_tokens``, or ``reserve_factor`` times the mean answer when
   that is smaller) and its own fit the KV pool, so that a burst queues instead of thrashing.
@@ -40,6 +40,7 @@ admission that answers at once) with these rules changed or added:
 from __future__ import annotations
 
 import logging
+import math
 from collections import deque
 from collections.abc import Collection, Sequence
 
@@ -48,6 +49,7 @@ from quanta_core.scheduler.admission import AdmissionVerdict
 from quanta_core.scheduler.choice import Choice
 from quanta_core.scheduler.config import PolicyName, SchedulerConfig, StepLimits
 from quanta_core.scheduler.policies.base import Policy, StartDecision
+from quanta_core.scheduler.policies.bookings import Bookings
 from quanta_core.scheduler.policies.fair import SloPolicy
 from quanta_core.scheduler.policies.slo_admission import SloAdmission
 from quanta_core.scheduler.slo import SloConfig
@@ -73,11 +75,13 @@ class QuantaPolicy(SloPolicy):
         # Projections over many steps are priced at the model's mean (``MeanCosts``).
         self.admission = SloAdmission(cfg, self.cost.at_mean(), self.queue, self.counters)
         self.admission.promoted_ahead = False
+        self.admission.bookings = Bookings()
         self.admission.est.itl_target_s = self._itl_target
         self._capacity_tokens: int | None = None
         self._block = 16
         self._ttft_first = False
-        self._calm_at = 0.0  # when no interactive request last waited for its first token
+        self._calm_at = -math.inf  # when the machine was last calm (``_note_calm``)
+        self._itl_cap = 1  # the running set the inter-token target allows, last computed
         self._burst: set[Choice] = set()  # admitted in a calm burst, before the first token
         # (estimated, actual) seconds to the first token of the last finished requests
         self.estimates: deque[tuple[float, float]] = deque(maxlen=1000)
@@ -101,7 +105,8 @@ class QuantaPolicy(SloPolicy):
     def limits(self, running: Collection[Choice], base: StepLimits) -> StepLimits:
         self._running = running
         self._burst = {r for r in self._burst if r.first_token is None and not r.is_finished}
-        cap = self.running_cap(base, burst=bool(self._burst))
+        self._itl_cap = self.running_cap(base)
+        cap = self.running_cap(base, burst=True) if self._burst else self._itl_cap
         self._cap = cap
         inter = [r for r in running if r.slo_class is _INTERACTIVE]
         self._ttft_first = bool(self._burst)
@@ -199,7 +204,7 @@ class QuantaPolicy(SloPolicy):
     ) -> AdmissionVerdict:
         x = choices[0]
         cls = x.slo_class
-        cap = self.running_cap(base)
+        cap = self._itl_cap = self.running_cap(base)
         caps = StepLimits(cap, base.token_budget)
         burst = False
         if cls is _BATCH:
@@ -228,10 +233,13 @@ class QuantaPolicy(SloPolicy):
         self._note_calm(now, running)
 
     def _note_calm(self, now: float, running: Collection[Choice]) -> None:
-        """Remember when no interactive request last waited for its first token."""
+        """Remember when the machine was last calm: no interactive request waiting for its
+        first token, and interactive streams short of the inter-token-sized set (batch
+        does not count: it yields or is preempted)."""
         if len(self.queue.classes[_INTERACTIVE]) > 0:
             return
-        if any(r.slo_class is _INTERACTIVE and r.first_token is None for r in running):
+        inter = [r for r in running if r.slo_class is _INTERACTIVE]
+        if any(r.first_token is None for r in inter) or len(inter) >= self._itl_cap:
             return
         self._calm_at = now
 

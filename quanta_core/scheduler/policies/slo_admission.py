@@ -43,6 +43,7 @@ from quanta_core.requests import RejectionKind, SloClass
 from quanta_core.scheduler.admission import AdmissionDecision, AdmissionVerdict
 from quanta_core.scheduler.choice import Choice
 from quanta_core.scheduler.config import StepLimits
+from quanta_core.scheduler.policies.bookings import Bookings
 from quanta_core.scheduler.policies.class_queue import ClassQueue
 from quanta_core.scheduler.policies.promises import Job, late, next_up, project
 from quanta_core.scheduler.policies.slo_estimates import SloEstimates, prefill_left
@@ -82,6 +83,8 @@ class SloAdmission:
         # Seconds past the interactive target a projected first token may come and still be
         # admitted (a policy sets it per request; 0: the target is the bound).
         self.ttft_grace_s = 0.0
+        # A refused interactive request's retry keeps its place (``bookings``); None: off.
+        self.bookings: Bookings | None = None
 
     # ---- the decision ----
 
@@ -138,6 +141,14 @@ class SloAdmission:
         # Every promise is due before x's would be (same target, earlier arrival): x goes
         # after them all, so admitting it can delay none of them.
         ordered = [job(r, self.promises.get(r)) for r in queued if r not in self._unpromised()]
+        own = self.bookings.claim(x) if self.bookings is not None else None
+        if self.bookings is not None:
+            for b in self.bookings.ahead_of(own, now):
+                ordered.append(
+                    self.est.job_of(
+                        b.prompt_len, b.max_tokens, decode_s, streams, base.token_budget
+                    )
+                )
         if over:
             ordered += [job(x, None)] * len(self._tenants_below(x, running))
         mine = job(x, now + target + self.ttft_grace_s)
@@ -148,11 +159,14 @@ class SloAdmission:
         est = firsts[-1] - now
         kind = RejectionKind.TENANT_OVER_SHARE if over else RejectionKind.OVERLOADED
         why = " (its tenant is over its fair share)" if over else ""
+        retry = max(est - target, self.cost.decode_step_s(1))
+        if self.bookings is not None:
+            self.bookings.book(x, now + retry)
         return AdmissionVerdict.reject(
             f"expected first token in {est:.1f} s, over the interactive target of "
             f"{target:g} s{why}",
             kind,
-            max(est - target, self.cost.decode_step_s(1)),
+            retry,
         )
 
     def _batch_target(

@@ -90,6 +90,13 @@ class SloEstimates:
         free = ends[n - cap :] if n >= cap else [now] * (cap - n) + ends
         return Slots(tuple(free), lane), decode_s, streams
 
+    def job_of(
+        self, prompt_len: int, max_tokens: int, decode_s: float, streams: int, budget: int
+    ) -> Job:
+        """A not yet submitted interactive request of these sizes (a booked retry)."""
+        prefill = self.interactive_prefill_s(prompt_len, streams, budget)
+        return Job(prefill, max(min(max_tokens, self.expected()), 1) * decode_s)
+
     def job(self, r: Choice, due: float | None, decode_s: float, streams: int, budget: int) -> Job:
         """``r`` queued; ``due`` its promised first token (None: no promise)."""
         todo = prefill_left(r) + 1
