@@ -95,6 +95,7 @@ class Scheduler:
             else config.prefix_cache_tokens // bs,
         )
         self.policy = make_policy(config.policy, config)
+        self.policy.set_pool(num_blocks, bs)
         self.token_budget = min(config.token_budget, info.n_batch)
         self.max_running = min(config.max_running, info.n_seq_max)
         self.base_limits = StepLimits(self.max_running, self.token_budget)
