@@ -27,10 +27,16 @@ class HorizonConfig:
     # Aging of shortest-first: a request is never overtaken by one arriving more than this
     # many seconds per token of its work (prompt + max_tokens) after it.
     aging_s_per_token: float = 0.02
+    # While streams decode, a step is planned to last at most this (the step-cost model's
+    # estimate, its margin included): a prompt beside them is prefilled in chunks that fit, so
+    # that no stream's gap nears the 1 s that counts as a stall (bench/results/horizon).
+    step_target_s: float = 0.5
 
     def __post_init__(self) -> None:
         if not 0.0 < self.admission_quantile <= 1.0 or self.aging_s_per_token < 0:
             raise ValueError(f"admission_quantile in (0, 1], aging_s_per_token >= 0: {self}")
+        if self.step_target_s <= 0:
+            raise ValueError(f"step_target_s must be > 0: {self}")
 
 
 @dataclass(frozen=True, slots=True)
