@@ -20,6 +20,7 @@ import argparse
 import csv
 import json
 import re
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ RUN = re.compile(r"kv-burst-(?P<policy>[a-z]+)-t(?P<turn>\d+)\.json$")
 
 
 def max_gap(times: list[float]) -> float:
-    return max((b - a for a, b in zip(times, times[1:], strict=False)), default=0.0)
+    return max((b - a for a, b in pairwise(times)), default=0.0)
 
 
 def served_figures(doc: dict[str, Any], gap_s: float) -> dict[str, Any]:
@@ -81,9 +82,9 @@ def sim(folder: Path) -> dict[str, Any]:
     points: dict[int, dict[str, list[dict[str, Any]]]] = {}
     for path in sorted(folder.glob("sweep-burst*/sweep.csv")):
         burst = int(path.parent.name.removeprefix("sweep-burst"))
-        with path.open() as f:
-            for row in csv.DictReader(f):
-                points.setdefault(burst, {}).setdefault(row["policy"], []).append(row)
+        with path.open() as fh:
+            for line in csv.DictReader(fh):
+                points.setdefault(burst, {}).setdefault(line["policy"], []).append(line)
     table = []
     fig, axes = plt.subplots(1, 3, figsize=(11, 3.2))
     for burst, by_policy in sorted(points.items()):
@@ -122,8 +123,8 @@ def sim(folder: Path) -> dict[str, Any]:
     axes[2].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(folder / "sim_sweep.png", dpi=80)
-    for row in table:
-        print(json.dumps(row))
+    for entry in table:
+        print(json.dumps(entry))
     (folder / "sim_sweep.json").write_text(json.dumps(table, indent=1) + "\n")
     return {"rows": table}
 

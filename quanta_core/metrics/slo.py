@@ -21,6 +21,7 @@ Two views of "met":
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import pairwise
 
 from quanta_core.metrics.records import RequestRecord
 from quanta_core.requests import SloClass
@@ -102,4 +103,4 @@ def never_stalls(record: RequestRecord, max_gap_s: float = 1.0) -> bool:
     if not record.ok or record.finished is None:
         return False
     t = record.token_times
-    return all(b - a <= max_gap_s for a, b in zip(t, t[1:], strict=False))
+    return all(b - a <= max_gap_s for a, b in pairwise(t))
