@@ -11,6 +11,8 @@ Two views of "met":
 
 - goodput: the request met every target of its class (TTFT ≤ target and TPOT ≤ target, or
   end-to-end ≤ deadline).
+- never stalls: every gap between two streamed tokens at most a cap (1 s by default), however
+  late the stream started (``never_stalls``; issue 22's "smooth" of a KV-bound burst).
 - smooth goodput: every token arrived by its own deadline,
   ``sent + ttft_s + i × itl_s`` for token i (0 = the first), so a fast start cannot buy a
   stall in the middle; for a deadline class every token arrived by ``sent + deadline_s``.
@@ -19,6 +21,7 @@ Two views of "met":
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import pairwise
 
 from quanta_core.metrics.records import RequestRecord
 from quanta_core.requests import SloClass
@@ -91,3 +94,13 @@ def meets_smooth_slo(record: RequestRecord, targets: SloTargets) -> bool:
     if targets.deadline_s is not None and record.finished - record.sent > targets.deadline_s:
         return False
     return tokens_on_time(record, targets) == len(record.token_times)
+
+
+def never_stalls(record: RequestRecord, max_gap_s: float = 1.0) -> bool:
+    """A finished request none of whose gaps between two streamed tokens exceeds
+    ``max_gap_s`` (the wait for the first token does not count): a stream that never stalls,
+    however late it started."""
+    if not record.ok or record.finished is None:
+        return False
+    t = record.token_times
+    return all(b - a <= max_gap_s for a, b in pairwise(t))

@@ -96,8 +96,7 @@ class SloConfig:
     # the ``quanta`` policy: the running set grows while a decode step is priced within
     # this fraction of ``interactive_itl_s`` (the client's gap adds the cycle and the trip);
     # a batch tenant leading the lowest running batch tenant's counter by more than
-    # ``fair_lag`` weighted tokens sits out a step; a request's memory is reserved for its
-    # max_tokens, or ``reserve_factor`` times the mean answer when that is fewer
+    # ``fair_lag`` weighted tokens sits out a step
     grow_headroom: float = 0.9
     # ... and a burst that reaches a calm machine (no interactive request waiting for its
     # first token in the last ``burst_window_s``) is queued when its projected first token
@@ -108,7 +107,6 @@ class SloConfig:
     burst_grace: float = math.inf
     burst_itl_s: float = 1.0  # while such a burst waits, steps may grow to this (smooth)
     fair_lag: float = 32.0
-    reserve_factor: float = 4.0
 
     def __post_init__(self) -> None:
         positive = (
@@ -128,8 +126,8 @@ class SloConfig:
             raise ValueError(f"step_quantile in (0, 1], step_window >= 1, prior weight > 0: {self}")
         if min(self.burst_window_s, self.burst_grace) < 0 or self.burst_itl_s <= 0:
             raise ValueError(f"burst_window_s, burst_grace >= 0 and burst_itl_s > 0: {self}")
-        if not 0 < self.grow_headroom <= 1 or self.fair_lag < 0 or self.reserve_factor <= 0:
-            raise ValueError(f"grow_headroom in (0, 1], fair_lag >= 0, reserve_factor > 0: {self}")
+        if not 0 < self.grow_headroom <= 1 or self.fair_lag < 0:
+            raise ValueError(f"grow_headroom in (0, 1] and fair_lag >= 0: {self}")
         if self.input_cost < 0 or self.output_cost < 0 or self.expected_output_tokens < 1:
             raise ValueError(f"costs must be >= 0 and expected_output_tokens >= 1: {self}")
 

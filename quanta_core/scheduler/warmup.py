@@ -15,6 +15,7 @@ import msgspec
 
 from quanta_core.engine.protocol import Executor
 from quanta_core.engine.types import GREEDY
+from quanta_core.predictor import LengthPredictor
 from quanta_core.requests import GenerationRequest, SloClass
 from quanta_core.scheduler.scheduler import Scheduler
 
@@ -46,10 +47,15 @@ def warm_up(
             )
         )
     steps = 0
-    while scheduler.has_work:
-        plan = scheduler.schedule()
-        scheduler.update(plan, executor.step(plan))
-        steps += 1
+    kept = scheduler.predictor
+    scheduler.predictor = LengthPredictor()  # its answers teach the length predictor nothing
+    try:
+        while scheduler.has_work:
+            plan = scheduler.schedule()
+            scheduler.update(plan, executor.step(plan))
+            steps += 1
+    finally:
+        scheduler.predictor = kept
     scheduler.drain_events()
     scheduler.policy.after_warm_up(WARMUP_TENANT)
     return steps

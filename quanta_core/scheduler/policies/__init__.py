@@ -6,6 +6,7 @@ from quanta_core.scheduler.config import PolicyName, SchedulerConfig
 from quanta_core.scheduler.policies.base import Policy
 from quanta_core.scheduler.policies.baselines import FcfsPolicy, SequentialPolicy, StaticPolicy
 from quanta_core.scheduler.policies.fair import SloPolicy, VtcPolicy
+from quanta_core.scheduler.policies.horizon import HorizonPolicy
 from quanta_core.scheduler.policies.quanta import QuantaPolicy
 
 POLICIES: dict[PolicyName, type[Policy]] = {
@@ -16,6 +17,7 @@ POLICIES: dict[PolicyName, type[Policy]] = {
         FcfsPolicy,
         VtcPolicy,
         SloPolicy,
+        HorizonPolicy,
         QuantaPolicy,
     )
 }

@@ -26,9 +26,11 @@ admission that answers at once) with these rules changed or added:
   model prices within ``burst_itl_s`` (still smooth: a token per such gap), so that the
   twentieth person is not left behind a cap. Under sustained load the target is the bound,
   the set keeps its inter-token size and prefill chunks fit the inter-token target.
-- Memory: a request starts only if every running request's reservation (its tokens plus the
-  outputs still expected: ``max_tokens``, or ``reserve_factor`` times the mean answer when
-  that is smaller) and its own fit the KV pool, so that a burst queues instead of thrashing.
+- Memory: a request starts only if the running set and it, each growing a token a step to
+  its predicted end (the ``admission_quantile`` of its remaining length from the scheduler's
+  length predictor), fit the KV pool at every future completion: ``horizon``'s MC-SF gate
+  (``memory.MemoryGate``). A burst queues instead of thrashing; an interactive request that
+  does not fit takes the memory of running batch (``make_room``).
 - Weighted fairness per step (batch): a batch tenant whose counter leads the lowest counter
   among the batch tenants running by more than ``fair_lag`` (weighted tokens) gets no token
   in that step, so that tenants sharing the running set still share service by weight (VTC
@@ -44,6 +46,7 @@ import math
 from collections import deque
 from collections.abc import Collection, Sequence
 
+from quanta_core.predictor import LengthPredictor
 from quanta_core.requests import SloClass
 from quanta_core.scheduler.admission import AdmissionVerdict
 from quanta_core.scheduler.choice import Choice
@@ -51,6 +54,7 @@ from quanta_core.scheduler.config import PolicyName, SchedulerConfig, StepLimits
 from quanta_core.scheduler.policies.base import Policy, StartDecision
 from quanta_core.scheduler.policies.bookings import Bookings
 from quanta_core.scheduler.policies.fair import SloPolicy
+from quanta_core.scheduler.policies.memory import MemoryGate
 from quanta_core.scheduler.policies.slo_admission import SloAdmission
 from quanta_core.scheduler.slo import SloConfig
 
@@ -67,7 +71,7 @@ def _prefilling(r: Choice) -> bool:
 class QuantaPolicy(SloPolicy):
     name = PolicyName.QUANTA
 
-    def __init__(self, config: SloConfig | None = None) -> None:
+    def __init__(self, config: SloConfig | None = None, admission_quantile: float = 0.9) -> None:
         super().__init__(config)
         cfg = self.config
         # one bound for the set's size and the steps' tokens: the inter-token target
@@ -77,8 +81,9 @@ class QuantaPolicy(SloPolicy):
         self.admission.promoted_ahead = False
         self.admission.bookings = Bookings()
         self.admission.est.itl_target_s = self._itl_target
-        self._capacity_tokens: int | None = None
-        self._block = 16
+        self.admission_quantile = admission_quantile
+        self.predictor = LengthPredictor()
+        self.gate = MemoryGate(self._projected)
         self._ttft_first = False
         self._calm_at = -math.inf  # when the machine was last calm (``_note_calm``)
         self._itl_cap = 1  # the running set the inter-token target allows, last computed
@@ -88,11 +93,7 @@ class QuantaPolicy(SloPolicy):
 
     @classmethod
     def from_config(cls, config: SchedulerConfig) -> Policy:
-        return cls(config.slo)
-
-    def bind_memory(self, num_blocks: int, block_size: int) -> None:
-        self._capacity_tokens = num_blocks * block_size
-        self._block = block_size
+        return cls(config.slo, config.horizon.admission_quantile)
 
     # ---- the running set and the step ----
 
@@ -181,21 +182,19 @@ class QuantaPolicy(SloPolicy):
     def _victim_key(self, r: Choice) -> tuple[float, int, int]:
         return (self.counters[r.slo_class].rank(r.tenant), r.order, r.index)
 
-    # ---- memory ----
+    # ---- memory (horizon's MC-SF gate, on the scheduler's length predictor) ----
 
-    def reservation(self, r: Choice) -> int:
-        """KV tokens ``r`` is expected to hold at its end."""
-        left = r.max_tokens - r.num_output
-        expected = self.config.reserve_factor * self.admission.est.expected()
-        if left > expected:
-            left = max(int(expected) - r.num_output, 1)
-        return r.num_tokens + max(left, 0) + self._block  # a partial block at each end
+    def set_pool(self, num_blocks: int, block_size: int) -> None:
+        self.gate.set_pool(num_blocks, block_size)
+
+    def set_predictor(self, predictor: LengthPredictor) -> None:
+        self.predictor = predictor
+
+    def _projected(self, r: Choice) -> int:
+        return self.predictor.remaining(r, self.admission_quantile)
 
     def fits(self, r: Choice, running: Collection[Choice]) -> bool:
-        if self._capacity_tokens is None:
-            return True
-        held = sum(self.reservation(o) for o in running if o is not r)
-        return held + self.reservation(r) <= self._capacity_tokens or not running
+        return self.gate.admits(r, [o for o in running if o is not r])
 
     # ---- admission ----
 
