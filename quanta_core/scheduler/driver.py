@@ -15,9 +15,8 @@ the event loop's thread (a cycle's bookkeeping is small); ``executor.step`` and
 stays free for HTTP while the engine works, and scheduler state is touched by one thread only.
 An executor that can be stepped from the loop (``SteppedFromLoop``: the llama.cpp worker's
 call is sent from the loop's thread and its reply read by the loop itself, woken by the
-worker's heads-up) is stepped with ``step_async`` instead, with no hand-off between threads
-(measured ~0.4 ms less per cycle than a whole step in a thread; reading the reply on the loop
-rather than in a waiting thread, 0.1 ms less at one stream and 1.1 ms at sixteen).
+worker's heads-up) is stepped with ``step_async`` instead, with no hand-off between threads,
+which would cost every cycle a thread switch (bench/results/ab/).
 Each call of ``submit`` / ``cancel`` / ``stop`` wakes an idle loop.
 
 Failures: ``EngineDied`` restarts the executor and hands the scheduler the dead plan
@@ -171,7 +170,7 @@ class Driver:
 
         Their work then runs between engine steps instead of during one: on a machine with
         as many cores as llama.cpp threads, anything that overlaps a step stalls the
-        engine's thread barriers (measured: bench/results/http_overhead.json).
+        engine's thread barriers (bench/results/http_overhead.json).
         """
         for _ in range(HAND_OVER_MAX_YIELDS):
             if not any(h.pending for h in handles):
