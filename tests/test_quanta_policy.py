@@ -280,3 +280,18 @@ def test_a_retry_at_its_retry_after_finds_its_booked_place() -> None:
     assert admitted
     assert fresh_refused > 0  # the room went to the retry, not to later arrivals
     assert retry_admitted(bookings=False)[0] is False  # without the booking it is taken
+
+
+@pytest.mark.parametrize("policy", ["quanta", "slo"])
+def test_a_step_cost_above_every_target_still_runs_an_empty_engine(policy: str) -> None:
+    """One measured step far over the inter-token target (a busy machine) must not leave
+    the engine idle with requests waiting: an empty step always takes a slice."""
+    h = Harness.make(FakeExecutor(n_seq_max=64), policy=policy)
+    cost = h.sched.policy.cost  # type: ignore[attr-defined]
+    assert isinstance(cost, StepCostModel)
+    for _ in range(5):
+        cost.observe(1, 1, 5.0)  # 5 s for one decode: every estimate is over the target
+    for k in range(3):
+        h.submit(f"i{k}", prompt(8, base=100 + 10 * k), max_tokens=4, slo_class=INTER)
+    h.run()
+    assert {r.finish_reason for r in h.results().values()} == {FinishReason.LENGTH}

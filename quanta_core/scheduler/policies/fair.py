@@ -206,8 +206,8 @@ class SloPolicy(Policy):
     def room(self, n_seqs: int, n_tokens: int) -> int | None:
         """While interactive streams run or wait, one more slice may carry only what keeps
         the step within the inter-token target."""
-        if not self._interactive_present(self._running):
-            return None
+        if not self._interactive_present(self._running) or n_seqs == 0:
+            return None  # an empty step always takes a slice: else nothing would ever run
         return self.cost.room(n_seqs, n_tokens, self._itl_target)
 
     def _choose_interactive(self, vtc_head: Choice) -> Choice:

@@ -123,6 +123,8 @@ class QuantaPolicy(SloPolicy):
     def room(self, n_seqs: int, n_tokens: int) -> int | None:
         if self._ttft_first or not any(r.slo_class is _INTERACTIVE for r in self._running):
             return None
+        if n_seqs == 0:
+            return None  # an empty step always takes a slice: else nothing would ever run
         return self.cost.room(n_seqs, n_tokens, self._itl_target)
 
     def order_running(self, running: list[Choice]) -> list[Choice]:
