@@ -46,7 +46,7 @@ def stub(name: str, spec: ServerSpec) -> Iterator[Running]:
 def test_every_scenario_runs_against_every_server_into_one_table(tmp_path: Path) -> None:
     scenarios = [make(0.05) for make in ALL.values()]
     cells = run_suite(scenarios, SERVERS, stub, tmp_path, log=lambda _: None)
-    write_tables(cells, tmp_path)
+    write_tables(tmp_path)
 
     assert [(c["scenario"], c["server"]) for c in cells] == [
         (s.name, server) for s in scenarios for server in SERVERS
@@ -77,6 +77,12 @@ def test_every_scenario_runs_against_every_server_into_one_table(tmp_path: Path)
 
     figures = json.loads((tmp_path / "figures.json").read_text())
     assert len(figures) == len(cells)
+    # a part run again replaces its own cells and keeps the others
+    run_suite([ALL["twenty"](0.05)], ("quanta",), stub, tmp_path, log=lambda _: None)
+    again = json.loads((tmp_path / "figures.json").read_text())
+    assert [(c["scenario"], c["server"]) for c in again] == [
+        (c["scenario"], c["server"]) for c in figures
+    ]
     table = (tmp_path / "table.md").read_text()
     for s in scenarios:
         assert f"| {s.name} | quanta |" in table and f"| {s.name} | fcfs |" in table

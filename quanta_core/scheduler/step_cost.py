@@ -204,6 +204,13 @@ class MeanCosts:
     def max_tokens(self, n_seqs: int, target_s: float, limit: int) -> int:
         return self.model.max_tokens(n_seqs, target_s, limit)
 
+    def max_seqs(self, target_s: float, limit: int) -> int:
+        """The most decoding sequences whose mean step fits ``target_s``; >= 1."""
+        n = 1
+        while n < limit and self.estimate(n + 1, n + 1) <= target_s:
+            n += 1
+        return n
+
 
 def _prefill_s(
     estimate: Callable[[int, int], float], n_tokens: int, n_decoding: int, step_tokens: int

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
+import signal
+import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -244,13 +247,17 @@ def scenarios(
         console.print("llama-server is not built (scripts/build_llama_server.sh): left out")
         chosen.remove(LLAMA_SERVER)
     launcher = RealServers(model or default_model_path(), threads, port, binary)
-    cells = run_suite([ALL[n](scale) for n in names], chosen, launcher, out, console.print)
-    write_tables(cells, out)
+    # SIGTERM unwinds like Ctrl-C: the server under test is stopped on the way out.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    run_suite([ALL[n](scale) for n in names], chosen, launcher, out, console.print)
+    write_tables(out)
 
 
-def write_tables(cells: list[dict[str, Any]], out: Path) -> None:
+def write_tables(out: Path) -> None:
+    """``table.md`` from ``figures.json`` (every part of the suite run into ``out``)."""
     from app.lab.bench.scenario_table import estimates_markdown, markdown
 
+    cells = json.loads((out / "figures.json").read_text())
     table = markdown(cells)
     estimates = estimates_markdown(cells)
     (out / "table.md").write_text(table + "\n" + estimates)

@@ -23,7 +23,7 @@ from app.lab.bench.cli import discover_model
 from app.lab.bench.client import Target
 from app.lab.bench.report import build_result, environment, write_result
 from app.lab.bench.runner import RunOptions, run_plan
-from app.lab.bench.scenarios import Scenario
+from app.lab.bench.scenarios import ALL, Scenario
 from app.lab.bench.servers import Launcher, ServerSpec
 from quanta_core.metrics import RequestRecord, summarize
 from quanta_core.workload import WorkloadSpec, build_plan
@@ -95,9 +95,21 @@ def run_suite(
             except RuntimeError as exc:  # a server that would not start: a gap, not a stop
                 log(f"{scenario.name}: {server} did not run: {exc}")
         _plot(scenario.name, [c for c in cells if c["scenario"] == scenario.name], out)
-    figures = [{k: v for k, v in c.items() if k != "records"} for c in cells]
+    figures = merge_figures(out / "figures.json", cells)
     (out / "figures.json").write_text(json.dumps(figures, indent=1) + "\n")
     return cells
+
+
+def merge_figures(path: Path, cells: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """This run's cells, after the cells of earlier runs into the same folder that it did
+    not run again (so that a suite may be run in parts)."""
+    new = {
+        (c["scenario"], c["server"]): {k: v for k, v in c.items() if k != "records"} for c in cells
+    }
+    old = json.loads(path.read_text()) if path.is_file() else []
+    merged = [new.pop((c["scenario"], c["server"]), c) for c in old]
+    order = {name: i for i, name in enumerate(ALL)}
+    return sorted([*merged, *new.values()], key=lambda c: order.get(c["scenario"], len(order)))
 
 
 def _plot(name: str, cells: list[dict[str, Any]], out: Path) -> None:

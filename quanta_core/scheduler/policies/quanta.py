@@ -23,7 +23,7 @@ admission that answers at once) with these rules changed or added:
   ``burst_grace`` targets late, by default bounded only by the queue (once it is served
   nobody waits behind it, so a refusal buys nothing). While any of it waits for a first
   token, steps carry the full token budget and the running set may grow to what the cost
-  model prices within ``burst_itl_s`` (still smooth: a token per such gap), so that the
+  model's mean prices within ``burst_itl_s`` (still smooth: a token per such gap), so that the
   twentieth person is not left behind a cap. Under sustained load the target is the bound,
   the set keeps its inter-token size and prefill chunks fit the inter-token target.
 - Memory: a request starts only if the running set and it, each growing a token a step to
@@ -77,7 +77,8 @@ class QuantaPolicy(SloPolicy):
         # one bound for the set's size and the steps' tokens: the inter-token target
         self._itl_target = cfg.interactive_itl_s * cfg.grow_headroom
         # Projections over many steps are priced at the model's mean (``MeanCosts``).
-        self.admission = SloAdmission(cfg, self.cost.at_mean(), self.queue, self.counters)
+        self._mean = self.cost.at_mean()
+        self.admission = SloAdmission(cfg, self._mean, self.queue, self.counters)
         self.admission.promoted_ahead = False
         self.admission.bookings = Bookings()
         self.admission.est.itl_target_s = self._itl_target
@@ -100,8 +101,10 @@ class QuantaPolicy(SloPolicy):
     def running_cap(self, base: StepLimits, burst: bool = False) -> int:
         """The most sequences whose decode step the cost model prices within the inter-token
         target; for a burst on a calm machine, within ``burst_itl_s``."""
-        target = self.config.burst_itl_s if burst else self.config.interactive_itl_s
-        return self.cost.max_seqs(target * self.config.grow_headroom, base.max_running)
+        if burst:  # a typical step within the smooth gap: the mean, not the margin
+            target = self.config.burst_itl_s * self.config.grow_headroom
+            return self._mean.max_seqs(target, base.max_running)
+        return self.cost.max_seqs(self._itl_target, base.max_running)
 
     def limits(self, running: Collection[Choice], base: StepLimits) -> StepLimits:
         self._running = running
