@@ -295,3 +295,16 @@ def test_a_step_cost_above_every_target_still_runs_an_empty_engine(policy: str) 
         h.submit(f"i{k}", prompt(8, base=100 + 10 * k), max_tokens=4, slo_class=INTER)
     h.run()
     assert {r.finish_reason for r in h.results().values()} == {FinishReason.LENGTH}
+
+
+def test_every_running_stream_gets_its_token_when_the_set_outgrew_the_itl_size() -> None:
+    config = SloConfig(interactive_ttft_s=60.0)
+    h = Harness.make(FakeExecutor(n_seq_max=64), policy="quanta", max_running=256, slo=config)
+    for k in range(40):
+        h.submit(f"r{k}", prompt(8, base=100 + 10 * k), max_tokens=30, slo_class=INTER)
+    while len(h.streamed("r39")) < 2:  # the burst is in: all have their first tokens
+        h.cycle()
+    assert cost_cap(config, 64) < 40
+    for _ in range(5):
+        plan = h.cycle()
+        assert len(plan.slices) == h.sched.stats().num_running == 40

@@ -118,7 +118,8 @@ class QuantaPolicy(SloPolicy):
         self._batch_yields = queued or any(_prefilling(r) for r in inter)
         budget = base.token_budget
         if inter and not self._ttft_first:
-            n_seqs = min(len(running) + 1, cap)
+            # every running stream gets its token, and one arrival its first chunk if it fits
+            n_seqs = max(len(running), min(len(running) + 1, cap))
             budget = self.cost.max_tokens(n_seqs, self._itl_target, base.token_budget)
         self._limits = StepLimits(cap, budget)
         return self._limits
