@@ -82,6 +82,7 @@ class QuantaPolicy(SloPolicy):
         self.admission.promoted_ahead = False
         self.admission.bookings = Bookings()
         self.admission.est.itl_target_s = self._itl_target
+        self.admission.est.alone_full_budget = True  # alone, a prompt takes whole steps
         self.admission_quantile = admission_quantile
         self.predictor = LengthPredictor()
         self.gate = MemoryGate(self._projected)

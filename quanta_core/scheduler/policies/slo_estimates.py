@@ -35,6 +35,7 @@ class SloEstimates:
         # The policy prefills interactive requests in full-budget steps (``quanta``'s time
         # to first token first), not in chunks sized to the inter-token target (``slo``).
         self.full_budget_prefill = False
+        self.alone_full_budget = False
 
     def observe_output(self, n_tokens: int) -> None:
         """A request finished with ``n_tokens`` output tokens (STOP or LENGTH)."""
@@ -56,6 +57,10 @@ class SloEstimates:
         return self.cost.prefill_s(n_tokens, n_streams, step)
 
     def alone_prefill_s(self, r: Choice, budget: int) -> float:
+        """Prefilling ``r`` on an idle engine (``alone_full_budget``: in full-budget steps, as
+        ``quanta`` runs it with no stream to keep smooth)."""
+        if self.alone_full_budget:
+            return self.cost.prefill_s(prefill_left(r) + 1, 0, budget)
         return self.interactive_prefill_s(prefill_left(r) + 1, 0, budget)
 
     # ---- the projection's inputs ----
