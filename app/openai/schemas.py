@@ -11,11 +11,14 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
-PositiveInt = Annotated[int, Meta(ge=1)]
+MAX_INT32 = 2**31 - 1
+MAX_INT64 = 2**63 - 1
+PositiveInt = Annotated[int, Meta(ge=1, le=MAX_INT32)]
+Seed = Annotated[int, Meta(ge=-(2**63), le=MAX_INT64)]
 Temperature = Annotated[float, Meta(ge=0.0, le=2.0)]
 TopP = Annotated[float, Meta(gt=0.0, le=1.0)]
 Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]
-StopString = Annotated[str, Meta(min_length=1)]
+StopString = Annotated[str, Meta(min_length=1, max_length=1024)]
 Stop = StopString | Annotated[list[StopString], Meta(max_length=16)]
 Choices = Annotated[int, Meta(ge=1, le=16)]
 
@@ -66,12 +69,15 @@ class _Sampling(_Request, kw_only=True):
     model: str
     temperature: Temperature | None = None
     top_p: TopP | None = None
-    seed: int | None = None
+    seed: Seed | None = None
     stop: Stop | None = None
     n: Choices = 1
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
-    logit_bias: dict[str, Annotated[float, Meta(ge=-100.0, le=100.0)]] | None = None
+    logit_bias: (
+        Annotated[dict[str, Annotated[float, Meta(ge=-100.0, le=100.0)]], Meta(max_length=1024)]
+        | None
+    ) = None
     response_format: ResponseFormat | None = None
     user: str | None = None
     ignore_eos: bool = False  # vLLM's extension
@@ -92,7 +98,7 @@ class ChatCompletionRequest(_Sampling, kw_only=True):
     top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
 
 
-TokenId = Annotated[int, Meta(ge=0)]
+TokenId = Annotated[int, Meta(ge=0, le=MAX_INT32)]
 # One prompt: text, or token ids; a list of one text or one token-id list is accepted too.
 # (msgspec allows one array type per union, so the list's shape is checked in sampling.py.)
 Prompt = str | Annotated[list[str | TokenId | list[TokenId]], Meta(min_length=1)]
