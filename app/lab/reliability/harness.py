@@ -177,7 +177,7 @@ class Key:
 class Tally:
     received: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     outcomes: Counter[str] = field(default_factory=Counter)
-    duplicates: int = 0
+    miscounted: int = 0  # a stream whose tokens received differ from its usage chunk
     broken: int = 0  # a stream that ended without [DONE] and without an error event
     latencies: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
 
@@ -185,7 +185,7 @@ class Tally:
         return {
             "outcomes": dict(self.outcomes),
             "tokens_received": sum(self.received.values()),
-            "duplicated_tokens": self.duplicates,
+            "streams_miscounted": self.miscounted,
             "broken_streams": self.broken,
         }
 
@@ -239,7 +239,6 @@ class Client:
     ) -> str:
         body = {**body, "stream": True, "stream_options": {"include_usage": True}}
         got = 0
-        positions: set[tuple[int, float]] = set()
         async with self.http.stream(
             "POST", f"{self.url}/v1/chat/completions", json=body, headers=headers
         ) as r:
@@ -255,17 +254,16 @@ class Client:
                     chunk = json.loads(line[6:])
                     if "error" in chunk:
                         return "stream_error"
+                    usage = chunk.get("usage")
+                    if usage is not None and usage["completion_tokens"] != got:
+                        self.tally.miscounted += 1  # a token lost or sent twice
                     for choice in chunk.get("choices", []):
                         if choice.get("finish_reason") == "stop":
                             got += 1  # the end token: computed and charged, never shown
                             self.tally.received[key.key_id] += 1
-                        for entry in (choice.get("logprobs") or {}).get("content") or []:
-                            got += 1
-                            self.tally.received[key.key_id] += 1
-                            mark = (got, entry.get("logprob", 0.0))
-                            if mark in positions:
-                                self.tally.duplicates += 1
-                            positions.add(mark)
+                        entries = (choice.get("logprobs") or {}).get("content") or []
+                        got += len(entries)
+                        self.tally.received[key.key_id] += len(entries)
                     if cut is not None and got >= cut:
                         return "cancelled"
             except httpx.HTTPError:
