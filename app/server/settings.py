@@ -126,6 +126,11 @@ class Settings(BaseSettings):
         default=30.0, ge=0, description="on SIGINT/SIGTERM: how long in-flight requests may finish"
     )
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024, description="larger is a 413")
+    ledger_outage_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="with the database away this long, new requests get 503 (usage unrecorded)",
+    )
     omp_spincount: int | None = Field(
         default=3000,
         ge=0,

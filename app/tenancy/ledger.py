@@ -23,6 +23,7 @@ import contextlib
 import logging
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Protocol, cast
 
@@ -72,13 +73,16 @@ class LedgerWriter:
         *,
         every_s: float = 0.5,
         max_batch: int = 500,
+        clock: Callable[[], float] = time.time,
     ) -> None:
+        self._clock = clock
         self._sessions = sessions
         self._every_s = every_s
         self._max_batch = max_batch
         self._rows: list[UsageRow] = []
         self._touched: dict[str, float] = {}
         self._watched: dict[int, Progress] = {}
+        self.failing_since: float | None = None  # the first failed flush of an outage
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
@@ -120,7 +124,15 @@ class LedgerWriter:
             try:
                 await self.flush()
             except Exception:
-                log.exception("ledger flush failed; will retry")
+                if self.failing_since is None:
+                    self.failing_since = self._clock()
+                    log.exception("ledger flush failed; keeping the rows, retrying")
+            else:
+                if self.failing_since is not None:
+                    log.warning(
+                        "ledger written again after %.1f s", time.time() - self.failing_since
+                    )
+                self.failing_since = None
 
     async def flush(self) -> None:
         async with self._lock:

@@ -23,7 +23,7 @@ from sqlalchemy import func, select
 from app.db.engine import make_engine, make_sessionmaker
 from app.db.migrate import check_at_head
 from app.db.models import AdminCredential, DailyUsage, UsageRecord
-from app.server.errors import InvalidApiKey, RateLimited, TenantSuspended
+from app.server.errors import DatabaseUnavailable, InvalidApiKey, RateLimited, TenantSuspended
 from app.server.settings import Settings
 from app.tenancy.directory import Directory, KeyView, TenantView
 from app.tenancy.keys import KeyHasher, load_secret, same_digest, sha256_hex
@@ -123,7 +123,7 @@ class Tenancy:
         self.hasher = KeyHasher(load_secret(settings))
         self.directory = Directory()
         self.limiter = Limiter()
-        self.ledger = LedgerWriter(self.sessions)
+        self.ledger = LedgerWriter(self.sessions, clock=clock)
         self.admin_hash: str | None = None
         self._unknown: dict[str, float] = {}
 
@@ -230,6 +230,11 @@ class Tenancy:
 
     def admit(self, principal: Principal, request_id: str, reserve_tokens: int) -> Admission:
         now = self.clock()
+        down = self.ledger.failing_since
+        if down is not None and now - down > self.settings.ledger_outage_s:
+            # Known keys were served from memory this long; past it, service would go
+            # unrecorded for longer than the operator allowed.
+            raise DatabaseUnavailable("the usage ledger cannot be written; try again shortly")
         scopes = principal.scopes()
         denial = self.limiter.check(scopes, reserve_tokens, now)
         if denial is not None:
