@@ -251,7 +251,11 @@ class Client:
                         return "completed"
                     if not line.startswith("data: {"):
                         continue
-                    chunk = json.loads(line[6:])
+                    try:
+                        chunk = json.loads(line[6:])
+                    except ValueError:  # the server died in the middle of a line
+                        self.tally.broken += 1
+                        return "cut"
                     if "error" in chunk:
                         return "stream_error"
                     usage = chunk.get("usage")
