@@ -52,6 +52,13 @@ from quanta_core.engine.types import (
 )
 
 
+FLASH_ATTN = {
+    "auto": llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO,
+    "on": llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+    "off": llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED,
+}
+
+
 class InputError(Exception):
     """A call the worker refuses before changing anything."""
 
@@ -63,6 +70,7 @@ class Engine:
         self.config = config
         llama_cpp.llama_backend_init()
         mparams = llama_cpp.llama_model_default_params()
+        mparams.n_gpu_layers = config.n_gpu_layers
         self.model = llama_cpp.llama_model_load_from_file(config.model_path.encode(), mparams)
         if not self.model:
             raise RuntimeError(f"cannot load model {config.model_path}")
@@ -74,6 +82,7 @@ class Engine:
         cparams.n_threads = config.threads
         cparams.n_threads_batch = config.threads
         cparams.kv_unified = config.kv_unified
+        cparams.flash_attn_type = FLASH_ATTN[config.flash_attn]
         cparams.no_perf = True
         self.ctx = llama_cpp.llama_init_from_model(self.model, cparams)
         if not self.ctx:
