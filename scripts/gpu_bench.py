@@ -18,6 +18,7 @@ separate process, not counted; the client is measured apart).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -54,7 +55,9 @@ def log(*args: object) -> None:
 # ---- raw engine ----
 
 
-def raw_decode(model: str, streams: tuple[int, ...], steps: int, gpu_layers: int) -> list[dict]:
+def raw_decode(
+    model: str, streams: tuple[int, ...], steps: int, gpu_layers: int
+) -> list[dict[str, Any]]:
     import llama_cpp
     import numpy as np
 
@@ -136,6 +139,16 @@ def cpu_s(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu_s(pid: int) -> float:
+    """CPU seconds of ``pid``'s child processes (Quanta's engine worker)."""
+    total = 0.0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            with contextlib.suppress(OSError):
+                total += cpu_s(int(child))
+    return total
 
 
 class Server:
@@ -230,7 +243,7 @@ def decode_window(results: Path) -> dict[str, float]:
     }
 
 
-def served(model: str, streams: tuple[int, ...], tokens: int, out: Path) -> list[dict]:
+def served(model: str, streams: tuple[int, ...], tokens: int, out: Path) -> list[dict[str, Any]]:
     server, key = quanta_server(model)
     server.start()
     assert server.proc is not None
@@ -241,11 +254,14 @@ def served(model: str, streams: tuple[int, ...], tokens: int, out: Path) -> list
             wl = workload(out / f"wl-{b}.toml", b, tokens)
             res = Path(server.state) / f"served-{b}.json"
             cpu0, t0 = cpu_s(server.proc.pid), time.perf_counter()
+            worker0 = children_cpu_s(server.proc.pid)
             client_cpu = client(["--url", f"http://127.0.0.1:{PORT}", "--api-key", key,
                                  "--workload", str(wl), "--out", str(res)],
                                 client_log)  # fmt: skip
             wall, cpu = time.perf_counter() - t0, cpu_s(server.proc.pid) - cpu0
+            worker = children_cpu_s(server.proc.pid) - worker0
             row = {"streams": b, **decode_window(res), "wall_s": wall, "server_cpu_s": cpu}
+            row["worker_cpu_us_per_token"] = worker / row["output_tokens"] * 1e6
             row["server_cpu_us_per_token"] = cpu / row["output_tokens"] * 1e6
             row["client_cpu_us_per_token"] = client_cpu / row["output_tokens"] * 1e6
             rows.append(row)
@@ -253,17 +269,50 @@ def served(model: str, streams: tuple[int, ...], tokens: int, out: Path) -> list
             log(
                 f"served {b:4d} streams: {row['decode_tokens_per_s']:8.1f} tokens/s decoding, "
                 f"server {row['server_cpu_us_per_token']:.0f} us CPU/token, "
-                f"client {row['client_cpu_us_per_token']:.0f}"
+                f"client {row['client_cpu_us_per_token']:.0f}, "
+                f"engine worker {row['worker_cpu_us_per_token']:.0f}"
             )
     finally:
         server.stop()
     return rows
 
 
+def traced(model: str, b: int, tokens: int, out: Path) -> dict[str, Any]:
+    """One more served run of ``b`` streams with the step trace on: where a decode step's
+    time goes (the worker's own engine time, the process boundary, the server between steps).
+    The tracer costs a little itself, so these are not the figures above."""
+    trace = Path(tempfile.mkdtemp(prefix="quanta-trace-")) / "steps.jsonl"
+    server, key = quanta_server(model, {"QUANTA_STEP_TRACE": str(trace)})
+    server.start()
+    try:
+        wl = workload(out / f"wl-{b}.toml", b, tokens)
+        res = Path(server.state) / "traced.json"
+        client(["--url", f"http://127.0.0.1:{PORT}", "--api-key", key, "--workload", str(wl),
+                "--out", str(res)], Path(server.state) / "client.log")  # fmt: skip
+        wl.unlink()
+    finally:
+        server.stop()
+    steps = [json.loads(line) for line in trace.open()]
+    decode = [r for r in steps if r.get("plan") and len(r["plan"]["slices"]) == b
+              and all(len(x["tokens"]) == 1 for x in r["plan"]["slices"])]  # fmt: skip
+
+    def median_ms(key: str) -> float:
+        values = sorted(r[key] for r in decode if r[key] is not None)
+        return values[len(values) // 2] * 1e3 if values else float("nan")
+
+    row = {"streams": b, "decode_steps": len(decode), "engine_ms": median_ms("engine"),
+           "total_ms": median_ms("total"), "gap_ms": median_ms("gap")}  # fmt: skip
+    log(f"traced {b} streams: {row}")
+    return row
+
+
 def cmd_serve(args: argparse.Namespace) -> dict[str, Any]:
     streams = tuple(args.streams)
-    raw = raw_decode(args.model, streams, args.steps, args.gpu_layers)
+    # Raw decodes as many steps as a served answer has tokens: every step of either attends
+    # over the same cells (in one unified KV buffer, the cells of every sequence).
+    raw = raw_decode(args.model, streams, args.steps or args.tokens, args.gpu_layers)
     srv = served(args.model, streams, args.tokens, args.out)
+    attribution = traced(args.model, max(streams), args.tokens, args.out)
     table = []
     for r, s in zip(raw, srv, strict=True):
         ratio = s["decode_tokens_per_s"] / r["tokens_per_s"]
@@ -274,7 +323,7 @@ def cmd_serve(args: argparse.Namespace) -> dict[str, Any]:
     for t in table:
         print(f"{t['streams']:8d} {t['raw_tokens_per_s']:10.1f} {t['served_tokens_per_s']:10.1f} "
               f"{t['ratio']:6.3f} {t['server_cpu_us_per_token']:10.1f}")  # fmt: skip
-    return {"raw": raw, "served": srv, "table": table}
+    return {"raw": raw, "served": srv, "table": table, "step_trace": attribution}
 
 
 # ---- llama-server vs Quanta ----
@@ -450,7 +499,9 @@ def main() -> int:
     parser.add_argument("--llama-server", default="llama-server")
     parser.add_argument("--streams", type=int, nargs="+", default=list(STREAMS))
     parser.add_argument("--tokens", type=int, default=TOKENS)
-    parser.add_argument("--steps", type=int, default=64)
+    parser.add_argument(
+        "--steps", type=int, default=None, help="raw decode steps (default: --tokens, as served)"
+    )
     parser.add_argument("--gpu-layers", type=int, default=-1)
     parser.add_argument("--calibrate-args", nargs="*", default=[], help="passed to calibrate")
     parser.add_argument("--small", action="store_true", help="a tenth of the work")

@@ -71,7 +71,7 @@ PLATFORMS=()
 for tag in manylinux_2_28 manylinux_2_27 manylinux_2_17 manylinux2014 manylinux1; do
     PLATFORMS+=(--platform "${tag}_x86_64")
 done
-MISSING="aiosqlite alembic annotated-types asyncpg faker greenlet httptools litestar
+MISSING="aiosqlite alembic annotated-types asyncpg diskcache faker greenlet httptools litestar
 litestar-htmx mako msgspec multipart polyfactory pydantic pydantic-core pydantic-settings
 python-dotenv rich-click sniffio sqlalchemy typing-inspection tzdata uvicorn"
 PINS=()

@@ -19,7 +19,8 @@
 #                  simulator's prediction of it
 # Everything built stays in $WORK (default /tmp/quanta-gpu) so that later calls on the same warm
 # machine skip the build; a fresh machine builds again (about 5 minutes on 16 cores).
-# Environment: WORK, JOBS (default nproc), STREAMS (serve: "1 16 64 128 256").
+# Environment: WORK, JOBS (default nproc), BUILD_TARGETS (default: llama mtmd llama-server;
+# `serve` needs only llama), BENCH_ARGS (more gpu_bench.py flags).
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -89,7 +90,9 @@ build() {
         fi
     fi
     log "build ($JOBS jobs)"
-    cmake --build "$BUILD" -j "$JOBS" --target llama mtmd llama-server >"$WORK/build.log" 2>&1 ||
+    # shellcheck disable=SC2086
+    cmake --build "$BUILD" -j "$JOBS" --target ${BUILD_TARGETS:-llama mtmd llama-server} \
+        >"$WORK/build.log" 2>&1 ||
         { grep -m5 -B2 -A10 "error" "$WORK/build.log"; tail -20 "$WORK/build.log"; exit 1; }
     log "install"
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \

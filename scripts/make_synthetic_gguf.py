@@ -96,7 +96,7 @@ def vocabulary(n_vocab: int) -> tuple[list[str], list[float], list[int]]:
 
 
 def write(path: Path, shape: str, seed: int = 0) -> None:
-    import gguf  # llama.cpp's gguf-py (on sys.path) or pip's
+    import gguf  # type: ignore[import-not-found]  # llama.cpp's gguf-py, or pip's
 
     s = SHAPES[shape]
     rng = np.random.default_rng(seed)
