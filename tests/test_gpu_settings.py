@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from pydantic import ValidationError
 
 from app.server.settings import Settings
+from quanta_core.engine import SeqSlice, StepPlan
 from quanta_core.engine.config import EngineConfig
+from quanta_core.engine.llama_cpp.executor import LlamaCppExecutor
 
 MODEL = "model.gguf"
 
@@ -49,3 +53,17 @@ def test_ubatch_is_at_most_the_batch(model: str) -> None:
 def test_bad_values_are_refused(model: str, bad: dict[str, object]) -> None:
     with pytest.raises(ValidationError):
         Settings(model_path=model, **bad)
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("flash_attn", ["on", "off"])
+def test_the_engine_starts_with_gpu_settings_on_a_cpu_build(
+    model_path: Path, flash_attn: str
+) -> None:
+    """A build without a GPU backend keeps the layers on the CPU and still decodes."""
+    config = Settings(
+        model_path=model_path, n_gpu_layers=-1, flash_attn=flash_attn, n_ubatch=128, n_ctx=512
+    ).engine_config()
+    with LlamaCppExecutor.start(config) as ex:
+        result = ex.step(StepPlan(slices=(SeqSlice(0, (1, 2, 3), 0, True, "gpu"),)))
+        assert 0 <= result.outputs[0].token < ex.info.n_vocab
