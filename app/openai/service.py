@@ -32,7 +32,7 @@ class CompletionService:
 
     def _core(self, model: str) -> Core:
         core = self._state.ready_core()
-        if model != core.model_name:
+        if model not in core.names:
             raise ModelNotFound(model)
         return core
 
@@ -74,8 +74,18 @@ class CompletionService:
         # The first update decides the status: a request refused at admission is an HTTP
         # error, not a stream that fails.
         first = await unless_disconnected(receive, anext(updates, None))
-        include_usage = request.stream_options is not None and request.stream_options.include_usage
-        stream = event_stream(generation, updates, first, renderer, include_usage=include_usage)
+        options = request.stream_options
+        include_usage = options is not None and options.include_usage
+        # As vLLM: continuous usage only together with include_usage.
+        continuous = include_usage and options is not None and options.continuous_usage_stats
+        stream = event_stream(
+            generation,
+            updates,
+            first,
+            renderer,
+            include_usage=include_usage,
+            continuous_usage=continuous,
+        )
         return Stream(stream, media_type="text/event-stream", headers=SSE_HEADERS)
 
 

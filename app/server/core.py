@@ -48,6 +48,8 @@ class CoreStats:
     waiting_by_class: tuple[tuple[str, int], ...] = ()  # (class, waiting)
     # fair policies: (tenant, class, virtual token counter, waiting, running)
     tenants: tuple[tuple[str, str, float, int, int], ...] = ()
+    block_size: int = 0  # tokens per KV block
+    num_blocks: int = 0  # KV blocks in the pool
 
 
 class Driver(Protocol):
@@ -78,6 +80,11 @@ class Core:
     grammars: Grammars
     stats: Callable[[], CoreStats]
     close: Callable[[], None]  # stops the engine worker (after ``driver.stop``)
+    aliases: tuple[str, ...] = ()  # more names clients may send for the model
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return (self.model_name, *self.aliases)
 
 
 CoreFactory = Callable[[Settings], Core]

@@ -9,10 +9,12 @@ from __future__ import annotations
 import importlib.util
 import os
 from pathlib import Path
+from typing import Annotated
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import (
     BaseSettings,
+    NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     TomlConfigSettingsSource,
@@ -67,6 +69,12 @@ class Settings(BaseSettings):
     )
     model_name: str | None = Field(
         default=None, description="the model id clients send; default: the file's stem"
+    )
+    # As vLLM's --served-model-name with several names: /v1/models lists them all and a
+    # request naming any of them is served; responses name the model by model_name.
+    served_model_names: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=(),
+        description="more model ids for the same model (aliases), comma-separated in the env",
     )
     n_ctx: int = Field(default=8192, ge=64, description="KV cells shared by all sequences")
     n_seq_max: int = Field(default=64, ge=1, le=256, description="engine sequence slots")
@@ -157,6 +165,15 @@ class Settings(BaseSettings):
             raise ValueError(f"model file not found: {value}")
         return value
 
+    @field_validator("served_model_names", mode="before")
+    @classmethod
+    def _names(cls, value: object) -> object:
+        if isinstance(value, str):
+            value = [name.strip() for name in value.split(",")]
+        if isinstance(value, list | tuple) and not all(isinstance(n, str) and n for n in value):
+            raise ValueError("model names must be non-empty strings")
+        return value
+
     @field_validator("admin_key", "secret_key")
     @classmethod
     def _long_enough(cls, value: SecretStr | None) -> SecretStr | None:
@@ -183,6 +200,11 @@ class Settings(BaseSettings):
 
     def served_model_name(self) -> str:
         return self.model_name or self.resolved_model_path().stem
+
+    def model_aliases(self) -> tuple[str, ...]:
+        """The other names of the model, without the primary one or repeats."""
+        primary = self.served_model_name()
+        return tuple(dict.fromkeys(n for n in self.served_model_names if n != primary))
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig(
