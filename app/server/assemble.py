@@ -92,4 +92,5 @@ def build_core(settings: Settings) -> Core:
         stats=stats,
         close=close,
         aliases=settings.model_aliases(),
+        snapshot=driver.snapshot,
     )

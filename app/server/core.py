@@ -13,6 +13,7 @@ from typing import Any, Protocol
 from app.openai.choices import Detokenizer
 from app.server.settings import Settings
 from quanta_core.requests import ChoiceFinished, ChoiceResult, GenerationRequest, TokenEvent
+from quanta_core.scheduler.snapshot import SchedulerSnapshot
 
 
 class Tokenizer(Protocol):
@@ -81,6 +82,8 @@ class Core:
     stats: Callable[[], CoreStats]
     close: Callable[[], None]  # stops the engine worker (after ``driver.stop``)
     aliases: tuple[str, ...] = ()  # more names clients may send for the model
+    # What the scheduler is doing now, for the live view (None: a core that cannot tell).
+    snapshot: Callable[[], SchedulerSnapshot] | None = None
 
     @property
     def names(self) -> tuple[str, ...]:
