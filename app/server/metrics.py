@@ -4,7 +4,7 @@ Gauges and counters of the scheduler are read from the core at scrape time; late
 histograms are observed here as each choice finishes, labelled by tenant and class.
 
 The gauges an llm-d / Gateway API Inference Extension endpoint picker reads by default are
-also exported under vLLM's names, with the same values (bench/MODEL_SERVER_PROTOCOL.md):
+also exported under vLLM's names, with the same values (docs/model-server-protocol.md):
 ``vllm:num_requests_waiting``, ``vllm:num_requests_running``, ``vllm:kv_cache_usage_perc`` and
 ``vllm:cache_config_info{block_size,num_gpu_blocks}``.
 """
