@@ -17,7 +17,7 @@
 #   DURATION   seconds of load for guidellm and aiperf                   [60]
 #   USERS      concurrent streams                                        [8]
 #   SERVERS    which servers, space-separated                            [quanta llama-server]
-#   TOOLS      which clients, space-separated                  [guidellm aiperf quanta-bench]
+#   TOOLS      which clients, space-separated                  [quanta-bench guidellm aiperf]
 #   N_CTX      KV cells, on both servers                                 [8192, Quanta's default]
 #   SLOTS      llama-server -np (Quanta: its default max_running)        [16]
 #   THREADS    llama.cpp threads, on both servers                        [nproc]
@@ -34,7 +34,7 @@ QUANTA="${QUANTA:-$ROOT/.venv/bin/quanta}"
 DURATION="${DURATION:-60}"
 USERS="${USERS:-8}"
 SERVERS="${SERVERS:-quanta llama-server}"
-TOOLS="${TOOLS:-guidellm aiperf quanta-bench}"
+TOOLS="${TOOLS:-quanta-bench guidellm aiperf}"
 N_CTX="${N_CTX:-8192}"
 SLOTS="${SLOTS:-16}"
 THREADS="${THREADS:-$(nproc)}"
@@ -80,10 +80,15 @@ AutoTokenizer.from_pretrained(model.parent, gguf_file=model.name).save_pretraine
 }
 
 SERVER_PID=""
-stop_server() {
+stop_server() {  # a server that does not stop within 30 s of SIGTERM is killed
     if [[ -n "$SERVER_PID" ]] && kill -0 "$SERVER_PID" 2>/dev/null; then
         kill -TERM "$SERVER_PID"
-        wait "$SERVER_PID" || true
+        for _ in $(seq 1 150); do
+            kill -0 "$SERVER_PID" 2>/dev/null || break
+            sleep 0.2
+        done
+        kill -KILL "$SERVER_PID" 2>/dev/null || true
+        wait "$SERVER_PID" 2>/dev/null || true
     fi
     SERVER_PID=""
 }
@@ -149,28 +154,33 @@ export QUANTA_CONFIG=/nonexistent/quanta.toml  # no developer config leaks into 
 "$QUANTA" migrate >/dev/null 2>&1
 API_KEY="$("$QUANTA" tenants create clients | sed -n 's/^api key (shown once): //p')"
 
-for server in $SERVERS; do
-    case "$server" in
+start_server() {  # $1: server; a fresh one for every tool, so no run inherits another's state
+    case "$1" in
         quanta)  # its defaults, but for the threads (as llama-server's)
             "$QUANTA" run --port "$PORT" --threads "$THREADS" --n-ctx "$N_CTX" \
-                --log-level warning >"$OUT/quanta-server.log" 2>&1 &
+                --log-level warning >>"$OUT/quanta-server.log" 2>&1 &
             ;;
         llama-server)
             bin="${LLAMA_SERVER:-$("$ROOT/scripts/build_llama_server.sh" | tail -n 1)}"
             # --kv-unified: one KV buffer shared by all slots, as Quanta's engine runs it.
             "$bin" -m "$MODEL" -c "$N_CTX" -np "$SLOTS" -t "$THREADS" -tb "$THREADS" \
                 --kv-unified --host 127.0.0.1 --port "$PORT" --no-webui --log-disable \
-                >"$OUT/llama-server-server.log" 2>&1 &
+                >>"$OUT/llama-server-server.log" 2>&1 &
             ;;
-        *) echo "unknown server: $server" >&2; exit 2 ;;
+        *) echo "unknown server: $1" >&2; exit 2 ;;
     esac
     SERVER_PID=$!
     wait_ready
+}
+
+rm -f "$OUT"/*-server.log
+for server in $SERVERS; do
     for tool in $TOOLS; do
-        echo "$server · $tool" >&2
+        echo "$server · $tool · load average $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+        start_server "$server"
         run_tool "$server" "$tool" || echo "$server · $tool failed (see $OUT/$server-$tool.log)" >&2
+        stop_server
     done
-    stop_server
 done
 rm -rf "$STATE"
 "$PY" scripts/clients_table.py "$OUT"

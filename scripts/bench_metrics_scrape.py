@@ -20,6 +20,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -65,13 +66,19 @@ class Load:
     def _run(self) -> None:
         with httpx.Client(base_url=URL, headers=self._headers, timeout=None) as c:
             while not self._stop.is_set():
-                with c.stream("POST", "/v1/completions", json=self._body) as r:
-                    for line in r.iter_lines():
-                        if self._stop.is_set():
-                            return
-                        if line.startswith("data: {"):
-                            with self._lock:
-                                self.tokens += 1
+                try:
+                    self._stream(c)
+                except httpx.HTTPError:
+                    return  # the server stopped under it: the measurement is over
+
+    def _stream(self, c: httpx.Client) -> None:
+        with c.stream("POST", "/v1/completions", json=self._body) as r:
+            for line in r.iter_lines():
+                if self._stop.is_set():
+                    return
+                if line.startswith("data: {"):
+                    with self._lock:
+                        self.tokens += 1
 
     def __enter__(self) -> Load:
         for t in self._threads:
@@ -130,8 +137,10 @@ def main() -> None:
         server.terminate()
         server.wait(30)
     ms = 1000.0
-    results = {
-        "environment": environment(streams=STREAMS, scrape_hz=SCRAPE_HZ, round_s=ROUND_S),
+    results: dict[str, Any] = {
+        "environment": environment(
+            streams=STREAMS, scrape_hz=SCRAPE_HZ, round_s=ROUND_S, load_avg=os.getloadavg()
+        ),
         "body_bytes": size,
         "idle_ms": {"p50": percentile(idle, 0.5) * ms, "p99": percentile(idle, 0.99) * ms},
         "loaded_ms": {"p50": percentile(loaded, 0.5) * ms, "p99": percentile(loaded, 0.99) * ms},
