@@ -27,7 +27,6 @@ DONE = b"data: [DONE]\n\n"
 async def event_stream(
     generation: Generation,
     updates: AsyncIterator[Update],
-    first: Update | None,
     renderer: Renderer,
     *,
     include_usage: bool,
@@ -53,8 +52,6 @@ async def event_stream(
             opening = with_usage(opening_chunks)
         else:
             opening = b"".join([sse(chunk) for chunk in opening_chunks])
-        if first is not None:
-            opening += render(first)
         if opening:
             yield opening
         async for update in updates:
