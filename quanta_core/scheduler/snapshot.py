@@ -116,7 +116,9 @@ def step_rates(steps: Iterable[Step], now: float, window_s: float = RATE_WINDOW_
     busy = sum(result.timings.total_s for _, result in recent)
     tokens = sum(plan.num_tokens for plan, _ in recent)
     outputs = sum(len(result.outputs) for _, result in recent)
-    return StepRates(window_s, len(recent), busy / len(recent), tokens / window_s, outputs / window_s)
+    return StepRates(
+        window_s, len(recent), busy / len(recent), tokens / window_s, outputs / window_s
+    )
 
 
 def block_map(blocks: Sequence[Block]) -> str:

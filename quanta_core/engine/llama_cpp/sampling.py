@@ -148,6 +148,8 @@ def _plain_greedy(params: SamplingParams, eog: Iterable[int]) -> frozenset[int] 
     None for any other chain."""
     if not params.greedy or params.presence_penalty or params.frequency_penalty:
         return None
+    if params.repetition_penalty != 1.0 or (params.min_tokens and not params.ignore_eos):
+        return None  # a penalty's state, or the end held back for the first tokens
     if any(bias > 0 for _, bias in params.logit_bias):
         return None
     biased = {token for token, bias in params.logit_bias if bias != 0}
