@@ -1,6 +1,6 @@
 """What a /metrics scrape costs a loaded Quanta: its latency, and the tokens/s it takes away.
 
-    PYTHONPATH=. .venv/bin/python scripts/bench_metrics_scrape.py   # ~3 minutes
+    .venv/bin/python -m scripts.bench_metrics_scrape     # ~2 minutes
 
 Starts ``quanta run`` (defaults, a throw-away database), keeps STREAMS long streamed requests
 going, and in turns of ROUND_S seconds either scrapes /metrics SCRAPE_HZ times a second (the
