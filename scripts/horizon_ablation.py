@@ -56,8 +56,8 @@ class EndsAtLength(SimExecutor):
         self.lengths = lengths
         self.eos = info.eog_tokens[0]
 
-    def _sample(self, owner: str, replayed: int) -> int:
-        token = super()._sample(owner, replayed)
+    def sample(self, owner: str, replayed: int) -> int:
+        token = super().sample(owner, replayed)
         if self._samplers[owner][1] >= self.lengths[owner]:
             return self.eos
         return token

@@ -19,6 +19,7 @@ from quanta_core.requests import (
     GenerationRequest,
     TokenEvent,
 )
+from quanta_core.scheduler import Refused
 
 MODEL = "fake-model"
 
@@ -75,10 +76,6 @@ class FakeHandle:
         req, d = self.request, self.driver
         d.running += 1
         try:
-            if d.reject:
-                for i in range(req.n):
-                    yield ChoiceFinished(self._result(i, FinishReason.REJECTED, [], "queue full"))
-                return
             outputs = [[*d.script[i % len(d.script)].encode()] for i in range(req.n)]
             produced: list[list[int]] = [[] for _ in range(req.n)]
             done = [False] * req.n
@@ -143,7 +140,7 @@ class FakeHandle:
 class FakeDriver:
     script: list[str] = field(default_factory=lambda: ["Hello world"])
     delay_s: float = 0.0
-    reject: bool = False
+    refuse: Refused | None = None  # what submit raises
     fail_after: int | None = None  # tokens per choice before the engine "fails" it
     cached_tokens: int = 0
     running: int = 0
@@ -153,6 +150,8 @@ class FakeDriver:
 
     def submit(self, request: GenerationRequest) -> FakeHandle:
         self.submitted.append(request)
+        if self.refuse is not None:
+            raise self.refuse
         return FakeHandle(self, request)
 
     async def start(self) -> None:

@@ -15,6 +15,8 @@ from litestar.testing import AsyncTestClient
 from app.server.app import create_app
 from app.server.core import Core
 from app.server.settings import Settings
+from quanta_core.requests import RejectionKind
+from quanta_core.scheduler import Refused
 from tests.fakes import MODEL, ByteTokenizer, FakeDriver, fake_core
 from tests.tenancy_setup import fresh_db
 
@@ -272,9 +274,28 @@ async def test_an_oversized_body_is_413(client: AsyncTestClient[Litestar]) -> No
 async def test_a_rejected_request_is_503_before_and_an_sse_error_never_needed(
     client: AsyncTestClient[Litestar], driver: FakeDriver
 ) -> None:
-    driver.reject = True
+    driver.refuse = Refused("queue full")
     assert_error(await chat(client), 503, "overloaded", None)
     assert_error(await chat(client, stream=True), 503, "overloaded", None)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_refusal_is_429_or_503_with_the_estimated_retry_after(
+    client: AsyncTestClient[Litestar], driver: FakeDriver, stream: bool
+) -> None:
+    driver.refuse = Refused("over share", RejectionKind.TENANT_OVER_SHARE, 2.2)
+    over = await chat(client, stream=stream)
+    assert_error(over, 429, "rate_limit_exceeded", None)
+    assert over.json()["error"]["type"] == "requests"
+    assert (over.headers["retry-after"], over.headers["retry-after-ms"]) == ("3", "2200")
+    driver.refuse = Refused("busy", RejectionKind.OVERLOADED, 0.3)
+    busy = await chat(client, stream=stream)
+    assert_error(busy, 503, "overloaded", None)
+    assert (busy.headers["retry-after"], busy.headers["retry-after-ms"]) == ("1", "300")
+    driver.refuse = Refused("the server is stopping")
+    plain = await chat(client, stream=stream)
+    assert_error(plain, 503, "overloaded", None)
+    assert plain.headers["retry-after"] == "1"
 
 
 async def test_an_error_after_the_stream_started_is_an_sse_error_event(

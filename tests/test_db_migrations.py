@@ -118,3 +118,6 @@ def test_tenants_create_prints_a_key_that_the_server_knows(tmp_path: Path) -> No
     assert actions == [("cli", "tenant.create"), ("cli", "key.create")]
     dup = quanta("tenants", "create", "acme", env=env)
     assert dup.exit_code == 1 and "exists" in dup.output
+    quiet = quanta("tenants", "create", "beta", "--quiet", env=env)
+    assert quiet.exit_code == 0 and quiet.stdout.strip().startswith("qk-")
+    assert len(quiet.stdout.split()) == 1  # the key alone: `export KEY=$(...)` works

@@ -6,11 +6,13 @@ import asyncio
 import threading
 from dataclasses import dataclass, field
 
+import pytest
+
 from quanta_core.clock import VirtualClock
 from quanta_core.engine.fake import FakeExecutor
 from quanta_core.engine.types import StepPlan, StepResult
 from quanta_core.requests import ChoiceFinished, FinishReason, GenerationRequest, TokenEvent
-from quanta_core.scheduler import Driver, Scheduler, SchedulerConfig
+from quanta_core.scheduler import Driver, Refused, Scheduler, SchedulerConfig
 from tests.scheduler_harness import expected_tokens, prompt
 
 
@@ -98,9 +100,9 @@ async def test_stop_rejects_new_requests_and_fails_what_outlives_the_grace() -> 
     await driver.stop(grace_s=0.0)
     [result] = await long.results()
     assert result.finish_reason is FinishReason.ERROR and result.error
-    late = driver.submit(GenerationRequest("late", prompt(8), max_tokens=1))
-    [late_result] = await late.results()
-    assert late_result.finish_reason is FinishReason.REJECTED
+    with pytest.raises(Refused) as late:
+        driver.submit(GenerationRequest("late", prompt(8), max_tokens=1))
+    assert late.value.reason == "the server is stopping" and late.value.rejection is None
     assert driver.scheduler.kv.stats().active_blocks == 0
 
 
@@ -116,7 +118,7 @@ async def test_stop_lets_in_flight_requests_finish_within_the_grace() -> None:
     await driver.stop(grace_s=30.0)
     assert [r.finish_reason for r in await handle.results()] == [FinishReason.LENGTH]
     assert [r.finish_reason for r in await queued.results()] == [FinishReason.LENGTH]
-    [refused] = await never_ran.results()
+    [refused] = await never_ran.results()  # queued, then refused: its handle says so
     assert refused.finish_reason is FinishReason.REJECTED
     assert refused.error == "the server is stopping"
 
@@ -125,9 +127,9 @@ async def test_a_duplicate_request_id_is_rejected() -> None:
     driver = make_driver()
     await driver.start()
     first = driver.submit(GenerationRequest("a", prompt(8), max_tokens=3))
-    second = driver.submit(GenerationRequest("a", prompt(8), max_tokens=3))
-    [dup] = await second.results()
-    assert dup.finish_reason is FinishReason.REJECTED
+    with pytest.raises(Refused) as dup:
+        driver.submit(GenerationRequest("a", prompt(8), max_tokens=3))
+    assert "already in flight" in dup.value.reason
     [ok] = await first.results()
     assert ok.finish_reason is FinishReason.LENGTH
     await driver.stop(grace_s=1.0)

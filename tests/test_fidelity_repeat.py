@@ -11,7 +11,7 @@ import pytest
 from scripts.fidelity_repeat import compare_pair, main, runs_by_key
 
 FIDELITY = Path("bench/results/fidelity")
-EARLIER = FIDELITY / "repeats/2026-12-01T11-22"  # the same workloads, run at 11:22-11:40
+EARLIER = Path("tests/data/fidelity-earlier")  # the same workload, run earlier that day
 
 
 def two_sets(tmp_path: Path, key: str = "fcfs-medium") -> tuple[Path, Path]:

@@ -33,14 +33,14 @@ TIGHT = SloConfig(
 
 def engine_matches_scheduler(h: Harness) -> None:
     """Once the ops decided since the last step ran, the engine holds what we think it does."""
-    mirror = h.executor._mirror
+    mirror = h.executor.mirror
     scratch = KvMirror(mirror.n_seq_max, mirror.n_ctx, mirror.n_batch, mirror.n_vocab)
     scratch.lengths = dict(mirror.lengths)
     scratch.stash_lengths = dict(mirror.stash_lengths)
-    scratch.apply(StepPlan(kv_ops=tuple(h.sched.kv._ops)))
+    scratch.apply(StepPlan(kv_ops=h.sched.kv.pending_ops))
     held = scratch.lengths
     want = {seq: len(h.sched.kv.table(seq)) * BS for seq in h.sched.kv.holders()}
-    for r in h.sched._running:
+    for r in h.sched.running:
         assert r.seq is not None
         if r.num_computed_tokens:
             want[r.seq] = r.num_computed_tokens
@@ -153,7 +153,7 @@ def test_random_workloads_never_leak_and_never_lose_a_token(
                 assert len(streamed) == min(max_tokens, n_ctx - len(p))
             if res.finish_reason is FinishReason.STOP:
                 assert eos_k is not None and res.completion_tokens == eos_k
-    assert all(r.status is ChoiceStatus.FINISHED for g in h.sched._groups.values() for r in g)
+    assert all(r.status is ChoiceStatus.FINISHED for r in h.sched.open_choices())
     for res in results.values():
         if res.finish_reason is FinishReason.REJECTED and res.rejection is not None:
             # a load rejection (or a shed) never threw work away, and says when to come back

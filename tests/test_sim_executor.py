@@ -55,7 +55,7 @@ def test_an_invalid_plan_is_refused_and_changes_nothing() -> None:
 
 def test_tokens_are_deterministic_never_eog_and_continue_after_a_replay() -> None:
     def stream(ex: SimExecutor, owner: str, n: int, replayed: tuple[int, ...] = ()) -> list[int]:
-        return [ex._sample(owner, len(replayed)) for _ in range(n)]
+        return [ex.sample(owner, len(replayed)) for _ in range(n)]
 
     a, b = _sim(), _sim()
     first = stream(a, "r1/0", 50)

@@ -16,6 +16,7 @@ import pytest
 from litestar import Litestar
 from litestar.testing import AsyncTestClient
 
+from quanta_core.scheduler import Refused
 from tests.fakes import MODEL, FakeDriver
 from tests.tenancy_setup import ADMIN, TenancyDb, bearer, fake_app, fresh_db, over_http
 
@@ -193,7 +194,7 @@ async def test_a_request_the_core_rejects_is_not_charged(
     client: Client, driver: FakeDriver
 ) -> None:
     tenant, _, key = await tenant_with_key(client, max_requests_per_1_minute=5)
-    driver.reject = True
+    driver.refuse = Refused("queue full")
     assert (await chat(client, key)).status_code == 503
     assert await counters(client, tenant) == {
         "requests_last_minute": 0,

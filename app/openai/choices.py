@@ -9,20 +9,10 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from app.openai.stop import StopMatcher
+from app.server.core import Detokenizer, Tokenizer
 from quanta_core.requests import TokenEvent
-
-
-class Detokenizer(Protocol):
-    def push(self, token: int) -> str: ...
-
-    def flush(self) -> str: ...
-
-
-class TokenText(Protocol):
-    def token_bytes(self, token: int) -> bytes: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +41,7 @@ class Piece:
 class ChoiceText:
     detokenizer: Detokenizer
     stop: StopMatcher
-    vocab: TokenText
+    vocab: Tokenizer
     want_logprobs: bool = False
     n_tokens: int = 0  # tokens consumed (up to and including the one completing a stop)
     _produced: int = 0  # characters decoded so far, held back or not

@@ -1,7 +1,8 @@
 """One request's run through the core, as a sequence of per-choice updates.
 
-    submit ─▶ TokenEvent ─▶ ChoiceText (detokenize, stop strings, logprobs) ─▶ Update(text)
-              ChoiceFinished ───────────────────────────────────────────────▶ Update(finish)
+    start()    submit: queued, or the refusal raised as an ApiError (429/503, retry-after)
+    updates()  TokenEvent ─▶ ChoiceText (detokenize, stop strings, logprobs) ─▶ Update(text)
+               ChoiceFinished ──────────────────────────────────────────────▶ Update(finish)
 
 A stop string ends its choice at once for the client; the core's request is cancelled when
 every choice has stopped or finished (the core cancels a request, not a choice). Leaving the
@@ -16,11 +17,11 @@ from dataclasses import dataclass
 from typing import Literal
 
 from app.openai.choices import ChoiceText, Piece
-from app.openai.sampling import Plan
+from app.openai.sampling import PromptPlan
 from app.openai.schemas import PromptTokensDetails, ServerTiming, Usage
 from app.openai.stop import StopMatcher
 from app.server.context import RequestContext
-from app.server.core import Core
+from app.server.core import Core, Handle
 from app.server.errors import ApiError, GenerationFailed, Overloaded, RateLimited
 from app.server.metrics import Metrics
 from app.tenancy.service import Outcome
@@ -31,6 +32,7 @@ from quanta_core.requests import (
     RejectionKind,
     TokenEvent,
 )
+from quanta_core.scheduler.admission import Refused
 
 Finish = Literal["stop", "length"]
 
@@ -47,7 +49,7 @@ class Generation:
     def __init__(
         self,
         core: Core,
-        plan: Plan,
+        plan: PromptPlan,
         n: int,
         ctx: RequestContext,
         metrics: Metrics,
@@ -65,6 +67,8 @@ class Generation:
             for _ in range(n)
         ]
         self._results: dict[int, ChoiceResult] = {}
+        self._handle: Handle | None = None
+        self._refused = False
         self._cancelled = False
         self._request = GenerationRequest(
             request_id=ctx.request_id,
@@ -83,10 +87,19 @@ class Generation:
     def finished(self) -> bool:
         return len(self._results) == len(self._choices)
 
-    async def updates(self) -> AsyncIterator[Update]:
-        handle = self._core.driver.submit(self._request)
+    def start(self) -> None:
+        """Submit the request: queued or started, or the refusal raised as an ``ApiError``."""
         try:
-            async for event in handle:
+            self._handle = self._core.driver.submit(self._request)
+        except Refused as refused:
+            self._refused = True
+            raise _refusal(refused) from None
+
+    async def updates(self) -> AsyncIterator[Update]:
+        if self._handle is None:
+            raise RuntimeError("updates() before start()")
+        try:
+            async for event in self._handle:
                 if isinstance(event, TokenEvent):
                     choice = self._choices[event.index]
                     if choice.stopped:
@@ -111,7 +124,7 @@ class Generation:
         """What was served, for the quotas and the usage ledger (read when the request ends)."""
         usage = self.usage()
         reasons = {r.finish_reason for r in self._results.values()}
-        if FinishReason.REJECTED in reasons:
+        if self._refused or FinishReason.REJECTED in reasons:
             status = "rejected"
         elif FinishReason.ERROR in reasons:
             status = "error"
@@ -177,23 +190,24 @@ def _timing(result: ChoiceResult) -> ServerTiming:
 
 def _failure(result: ChoiceResult) -> ApiError:
     why = result.error or result.finish_reason.value
-    if result.finish_reason is FinishReason.REJECTED:
-        return _rejected(result, f"the request was not admitted: {why}")
+    if result.finish_reason is FinishReason.REJECTED:  # shed from the queue
+        return _refusal(Refused(why, result.rejection, result.retry_after_s))
     if result.finish_reason is FinishReason.CANCELLED:
         return Overloaded(f"the request was cancelled by the server: {why}")
     return GenerationFailed(f"generation failed: {why}")
 
 
-def _rejected(result: ChoiceResult, message: str) -> ApiError:
+def _refusal(refused: Refused) -> ApiError:
     """Admission's refusal: 429 when the tenant is over its share, else 503; both carry the
     scheduler's estimate of when trying again may work."""
-    if result.retry_after_s is None:
+    message = f"the request was not admitted: {refused.reason}"
+    if refused.retry_after_s is None:
         return Overloaded(message)
     headers = {
-        "retry-after": str(max(1, math.ceil(result.retry_after_s))),
-        "retry-after-ms": str(max(1, math.ceil(result.retry_after_s * 1000))),
+        "retry-after": str(max(1, math.ceil(refused.retry_after_s))),
+        "retry-after-ms": str(max(1, math.ceil(refused.retry_after_s * 1000))),
     }
-    if result.rejection is RejectionKind.TENANT_OVER_SHARE:
+    if refused.rejection is RejectionKind.TENANT_OVER_SHARE:
         return RateLimited(message, kind="requests", code="rate_limit_exceeded", headers=headers)
     error = Overloaded(message)
     error.headers.update(headers)

@@ -28,7 +28,7 @@ from app.openai.service import CompletionService
 from app.server.context import RequestContext, provide_context
 from app.server.metrics import Metrics
 from app.server.state import ServerState
-from app.tenancy.gate import require_api_key
+from app.tenancy.gate import ApiKeyAuthentication
 
 
 def provide_completions(
@@ -44,7 +44,7 @@ def provide_models(server: NamedDependency[ServerState]) -> ModelService:
 class CompletionsController(Controller):
     path = "/v1"
     tags = ("OpenAI",)
-    guards = [require_api_key]  # noqa: RUF012
+    middleware = [ApiKeyAuthentication]  # noqa: RUF012
     dependencies = MappingProxyType(
         {
             "ctx": Provide(provide_context),
@@ -88,7 +88,7 @@ class CompletionsController(Controller):
 class ModelsController(Controller):
     path = "/v1/models"
     tags = ("OpenAI",)
-    guards = [require_api_key]  # noqa: RUF012
+    middleware = [ApiKeyAuthentication]  # noqa: RUF012
     dependencies = MappingProxyType({"models": Provide(provide_models, sync_to_thread=False)})
 
     @get("/", summary="List the served model", responses=MODEL_RESPONSES)

@@ -10,39 +10,22 @@ import dataclasses
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from app.openai.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
     ResponseFormat,
 )
+from app.server.core import Grammars, Tokenizer
 from app.server.errors import ContextLengthExceeded, InvalidParameter, UnsupportedParameter
 from quanta_core.engine.types import SamplingParams
 
 SEED_MASK = 0xFFFFFFFF  # llama.cpp seeds are 32-bit
 
 
-class Grammars(Protocol):
-    """Compiles ``response_format`` into GBNF (llama.cpp's converter lives in the core)."""
-
-    def json_object(self) -> str: ...
-
-    def json_schema(self, schema: dict[str, Any]) -> str: ...
-
-
-class PromptTokenizer(Protocol):
-    n_vocab: int
-
-    def encode(
-        self, text: str, *, add_special: bool = True, parse_special: bool = False
-    ) -> list[int]: ...
-
-    def encode_chat(self, messages: Sequence[Mapping[str, Any]]) -> list[int]: ...
-
-
 @dataclass(frozen=True, slots=True)
-class Plan:
+class PromptPlan:
     """One OpenAI request in the core's terms."""
 
     prompt_tokens: tuple[int, ...]
@@ -73,8 +56,8 @@ def check_stream_options(request: ChatCompletionRequest | CompletionRequest) -> 
 
 
 def chat_plan(
-    request: ChatCompletionRequest, tokenizer: PromptTokenizer, grammars: Grammars, n_ctx: int
-) -> Plan:
+    request: ChatCompletionRequest, tokenizer: Tokenizer, grammars: Grammars, n_ctx: int
+) -> PromptPlan:
     check_stream_options(request)
     if request.top_logprobs is not None and not request.logprobs:
         raise InvalidParameter("top_logprobs", "top_logprobs requires 'logprobs' to be true")
@@ -93,8 +76,8 @@ def chat_plan(
 
 
 def completion_plan(
-    request: CompletionRequest, tokenizer: PromptTokenizer, grammars: Grammars, n_ctx: int
-) -> Plan:
+    request: CompletionRequest, tokenizer: Tokenizer, grammars: Grammars, n_ctx: int
+) -> PromptPlan:
     check_stream_options(request)
     prompt = completion_prompt(request.prompt, tokenizer)
     return _plan(
@@ -102,9 +85,7 @@ def completion_plan(
     )
 
 
-def completion_prompt(
-    prompt: str | list[str | int | list[int]], tokenizer: PromptTokenizer
-) -> list[int]:
+def completion_prompt(prompt: str | list[str | int | list[int]], tokenizer: Tokenizer) -> list[int]:
     one: str | list[Any] = prompt
     if isinstance(prompt, list) and not all(isinstance(p, int) for p in prompt):
         if len(prompt) != 1 or isinstance(prompt[0], int):
@@ -127,10 +108,10 @@ def _plan(
     wanted: int | None,
     prompt_param: str,
     logprobs: int | None,
-    tokenizer: PromptTokenizer,
+    tokenizer: Tokenizer,
     grammars: Grammars,
     n_ctx: int,
-) -> Plan:
+) -> PromptPlan:
     # No budget given: whatever the context leaves (as vLLM does).
     max_tokens = wanted if wanted is not None else n_ctx - len(prompt)
     if len(prompt) + max(max_tokens, 1) > n_ctx:
@@ -146,7 +127,7 @@ def _plan(
         ignore_eos=request.ignore_eos,
         logprobs=logprobs,
     )
-    return Plan(tuple(prompt), max_tokens, sampling, tuple(request.stop_strings()))
+    return PromptPlan(tuple(prompt), max_tokens, sampling, tuple(request.stop_strings()))
 
 
 def logit_bias(bias: Mapping[str, float] | None, n_vocab: int) -> tuple[tuple[int, float], ...]:

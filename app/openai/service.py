@@ -13,7 +13,7 @@ from litestar.types import Receive
 from app.openai.disconnect import unless_disconnected
 from app.openai.generation import Generation, Update
 from app.openai.render import ChatRenderer, Collected, CompletionRenderer, Header, Renderer
-from app.openai.sampling import Plan, chat_plan, completion_plan
+from app.openai.sampling import PromptPlan, chat_plan, completion_plan
 from app.openai.schemas import ChatCompletionRequest, CompletionRequest
 from app.openai.streaming import event_stream
 from app.server.context import RequestContext
@@ -55,27 +55,25 @@ class CompletionService:
     async def _run(
         self,
         core: Core,
-        plan: Plan,
+        plan: PromptPlan,
         request: ChatCompletionRequest | CompletionRequest,
         renderer: Renderer,
         ctx: RequestContext,
         receive: Receive,
     ) -> Response[Any]:
         if ctx.gate is not None:  # 429 here, before anything reaches the core
-            ctx.gate.admit(len(plan.prompt_tokens) + plan.max_tokens * request.n)
+            ctx.gate.reserve(len(plan.prompt_tokens) + plan.max_tokens * request.n)
         logprobs = plan.sampling.logprobs is not None
         generation = Generation(core, plan, request.n, ctx, self._metrics, logprobs=logprobs)
         if ctx.gate is not None:
             ctx.gate.bind(generation.outcome)
+        generation.start()  # a refusal is the response's status, before any body
         updates = generation.updates()
         if not request.stream:
             choices = await unless_disconnected(receive, _collect(updates, request.n))
             return Response(renderer.whole(choices, generation.usage()))
-        # The first update decides the status: a request refused at admission is an HTTP
-        # error, not a stream that fails.
-        first = await unless_disconnected(receive, anext(updates, None))
         include_usage = request.stream_options is not None and request.stream_options.include_usage
-        stream = event_stream(generation, updates, first, renderer, include_usage=include_usage)
+        stream = event_stream(generation, updates, renderer, include_usage=include_usage)
         return Stream(stream, media_type="text/event-stream", headers=SSE_HEADERS)
 
 

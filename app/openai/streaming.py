@@ -21,7 +21,6 @@ DONE = b"data: [DONE]\n\n"
 async def event_stream(
     generation: Generation,
     updates: AsyncIterator[Update],
-    first: Update | None,
     renderer: Renderer,
     *,
     include_usage: bool,
@@ -30,8 +29,6 @@ async def event_stream(
     tail = b""
     try:
         opening = b"".join([sse(chunk) for chunk in renderer.opening()])
-        if first is not None:
-            opening += renderer.events(first)
         if opening:
             yield opening
         async for update in updates:

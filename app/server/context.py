@@ -1,7 +1,8 @@
 """Who is asking: the tenant, key, SLO class and weight behind a request, and its quota gate.
 
-The ``require_api_key`` guard (app/tenancy/gate.py) has authenticated the request before
-``provide_context`` runs; the core gets the tenant id, class and weight from here.
+``ApiKeyAuthentication`` (app/tenancy/gate.py) has put the key's ``Principal`` in
+``request.user`` before ``provide_context`` runs; the core gets the tenant id, class and weight
+from here.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from typing import Any
 from litestar import Request
 
 from app.server.request_id import request_id_of
-from app.tenancy.gate import RequestGate, principal_of, tenancy_of
+from app.tenancy.gate import RequestGate, tenancy_of
+from app.tenancy.service import Principal
 from quanta_core.requests import SloClass
 
 
@@ -26,10 +28,10 @@ class RequestContext:
     gate: RequestGate | None = None  # None: no quotas (a context made outside a request)
 
 
-async def provide_context(request: Request[Any, Any, Any]) -> RequestContext:
+async def provide_context(request: Request[Principal, str, Any]) -> RequestContext:
     request_id = request_id_of(request.scope)
-    principal = principal_of(request.scope)
-    gate = RequestGate(tenancy_of(request), request.scope, request_id)
+    principal = request.user
+    gate = RequestGate(tenancy_of(request), principal, request.scope, request_id)
     return RequestContext(
         request_id,
         principal.tenant.id,

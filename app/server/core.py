@@ -10,9 +10,16 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from app.openai.choices import Detokenizer
 from app.server.settings import Settings
 from quanta_core.requests import ChoiceFinished, ChoiceResult, GenerationRequest, TokenEvent
+
+
+class Detokenizer(Protocol):
+    """Token ids to text, one at a time (multi-byte characters held until whole)."""
+
+    def push(self, token: int) -> str: ...
+
+    def flush(self) -> str: ...
 
 
 class Tokenizer(Protocol):
@@ -53,7 +60,10 @@ class CoreStats:
 class Driver(Protocol):
     async def start(self) -> None: ...
 
-    def submit(self, request: GenerationRequest) -> Handle: ...
+    def submit(self, request: GenerationRequest) -> Handle:
+        """Queue or start ``request``; raise ``quanta_core.scheduler.Refused`` when admission
+        refuses it at once (the HTTP status is known before any event)."""
+        ...
 
     def cancel(self, request_id: str) -> bool: ...
 
@@ -63,6 +73,8 @@ class Driver(Protocol):
 
 
 class Grammars(Protocol):
+    """Compiles ``response_format`` into GBNF (llama.cpp's converter lives in the core)."""
+
     def json_object(self) -> str: ...
 
     def json_schema(self, schema: dict[str, Any]) -> str: ...

@@ -71,9 +71,9 @@ class Settings(BaseSettings):
     n_ctx: int = Field(default=8192, ge=64, description="KV cells shared by all sequences")
     n_seq_max: int = Field(default=64, ge=1, le=256, description="engine sequence slots")
     n_batch: int = Field(default=512, ge=1, description="most tokens in one engine pass")
-    # Measured (bench/results/twenty_at_once_core.json, 20 people at once): 128 gave the 1st
-    # person a first token at 0.8 s instead of 3.6 s and more tokens/s overall (88 vs 78),
-    # for a worse p99 inter-token gap (0.62 s vs 0.31 s) while prompts are being prefilled.
+    # A small budget lets running streams decode between prefill chunks: earlier first tokens
+    # for a crowd and more tokens/s, for a larger inter-token gap while prompts are prefilled
+    # (bench/results/twenty_at_once_core.json).
     token_budget: int = Field(
         default=128, ge=1, description="tokens per step (chunked prefill); at most n_batch"
     )

@@ -109,6 +109,7 @@ def create(
     name: Annotated[str, typer.Argument(help="the tenant's unique name")],
     weight: Annotated[float, typer.Option(help="share of service within its class")] = 1.0,
     slo_class: Annotated[str, typer.Option(help="interactive or batch")] = "interactive",
+    quiet: Annotated[bool, typer.Option(help="print the API key alone (for scripts)")] = False,
 ) -> None:
     """Create a tenant with one API key, and print the key (shown once)."""
     settings = _settings()
@@ -121,6 +122,9 @@ def create(
     except (ApiError, ValueError) as exc:
         typer.echo(f"cannot create tenant '{name}': {exc}", err=True)
         raise typer.Exit(code=1) from None
+    if quiet:
+        typer.echo(value)
+        return
     typer.echo(f"tenant {name} ({tenant_id})")
     typer.echo(f"api key (shown once): {value}")
     typer.echo(

@@ -1,10 +1,12 @@
-"""Where a request meets its quotas: guards, the per-request gate and the headers middleware.
+"""Where a request meets its tenant and quotas: authentication, the per-request gate and the
+headers middleware.
 
-guard require_api_key   401/403; puts the Principal and x-ratelimit-* in scope state
-RequestGate.admit       after planning (prompt and max_tokens known): 429 or a charge
-tenancy_middleware      adds x-ratelimit-* to whatever response goes out, and closes the
-                        admission when the ASGI call ends — finished, failed or the
-                        client gone — so a concurrency slot is always given back
+ApiKeyAuthentication   litestar's auth middleware on the tenant routes: 401/403, or the
+                       Principal as ``request.user`` (x-ratelimit-* noted for the response)
+RequestGate.reserve    after planning (prompt and max_tokens known): 429 or a Reservation
+tenancy_middleware     adds x-ratelimit-* to whatever response goes out, and closes the
+                       reservation when the ASGI call ends — finished, failed or the client
+                       gone — so a concurrency slot is always given back
 """
 
 from __future__ import annotations
@@ -16,13 +18,15 @@ from litestar.connection import ASGIConnection
 from litestar.datastructures import MutableScopeHeaders
 from litestar.enums import ScopeType
 from litestar.handlers import BaseRouteHandler
+from litestar.middleware import AbstractAuthenticationMiddleware, AuthenticationResult
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.tenancy.service import Admission, Outcome, Principal, Tenancy
+from app.tenancy.service import Outcome, Principal, Reservation, Tenancy
 
-PRINCIPAL = "quanta_principal"
+# What the handler leaves for ``tenancy_middleware`` in the scope's state: the response's
+# x-ratelimit-* headers and the reservation to close when the call ends.
 RATE_HEADERS = "quanta_rate_headers"
-ADMISSION = "quanta_admission"
+RESERVATION = "quanta_reservation"
 
 
 def tenancy_of(connection: ASGIConnection[Any, Any, Any, Any]) -> Tenancy:
@@ -35,14 +39,17 @@ def _state(scope: Scope | dict[str, Any]) -> dict[str, Any]:
     return state
 
 
-async def require_api_key(
-    connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler
-) -> None:
-    tenancy = tenancy_of(connection)
-    principal = await tenancy.authenticate(connection.headers.get("authorization"))
-    state = _state(connection.scope)
-    state[PRINCIPAL] = principal
-    state[RATE_HEADERS] = tenancy.headers(principal)
+class ApiKeyAuthentication(AbstractAuthenticationMiddleware):
+    """The tenant routes' authentication: ``request.user`` is the key's ``Principal``,
+    ``request.auth`` the key's id."""
+
+    async def authenticate_request(
+        self, connection: ASGIConnection[Any, Any, Any, Any]
+    ) -> AuthenticationResult:
+        tenancy = tenancy_of(connection)
+        principal = await tenancy.authenticate(connection.headers.get("authorization"))
+        _state(connection.scope)[RATE_HEADERS] = tenancy.headers(principal)
+        return AuthenticationResult(user=principal, auth=principal.key.id)
 
 
 async def require_admin(
@@ -51,30 +58,27 @@ async def require_admin(
     tenancy_of(connection).check_admin(connection.headers.get("authorization"))
 
 
-def principal_of(scope: Scope | dict[str, Any]) -> Principal:
-    principal: Principal = _state(scope)[PRINCIPAL]
-    return principal
-
-
 class RequestGate:
     """One request's way through its quotas (made by ``provide_context``)."""
 
-    def __init__(self, tenancy: Tenancy, scope: Scope | dict[str, Any], request_id: str) -> None:
+    def __init__(
+        self, tenancy: Tenancy, principal: Principal, scope: Scope, request_id: str
+    ) -> None:
         self._tenancy = tenancy
+        self._principal = principal
         self._state = _state(scope)
-        self._principal = principal_of(scope)
         self._request_id = request_id
-        self._admission: Admission | None = None
+        self._reservation: Reservation | None = None
 
-    def admit(self, reserve_tokens: int) -> None:
-        """Reserve ``reserve_tokens`` (prompt + max_tokens × n) or raise the 429."""
-        self._admission = self._tenancy.admit(self._principal, self._request_id, reserve_tokens)
-        self._state[ADMISSION] = self._admission
+    def reserve(self, tokens: int) -> None:
+        """Reserve ``tokens`` (prompt + max_tokens × n) or raise the 429."""
+        self._reservation = self._tenancy.reserve(self._principal, self._request_id, tokens)
+        self._state[RESERVATION] = self._reservation
         self._state[RATE_HEADERS] = self._tenancy.headers(self._principal)
 
     def bind(self, outcome: Callable[[], Outcome]) -> None:
-        if self._admission is not None:
-            self._admission.bind(outcome)
+        if self._reservation is not None:
+            self._reservation.bind(outcome)
 
 
 def tenancy_middleware(app: ASGIApp) -> ASGIApp:
@@ -96,8 +100,8 @@ def tenancy_middleware(app: ASGIApp) -> ASGIApp:
         try:
             await app(scope, receive, send_with_limits)
         finally:
-            admission: Admission | None = state.pop(ADMISSION, None)
-            if admission is not None:
-                admission.close()
+            reservation: Reservation | None = state.pop(RESERVATION, None)
+            if reservation is not None:
+                reservation.close()
 
     return middleware

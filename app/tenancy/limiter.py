@@ -1,4 +1,4 @@
-"""Counters per scope (a tenant, a key) and the check-then-charge admission over them.
+"""Counters per scope (a tenant, a key) and the check-then-charge reservation over them.
 
     now-60s                                     now
       │ 1-s buckets: [t, n] [t, n] … [t, n]      │   sliding minute: exact to the second
@@ -100,7 +100,7 @@ class Scope:
 
 @dataclass
 class Charge:
-    """One admitted request's reservation in every scope it was charged to."""
+    """One request's reservation in every scope it was charged to."""
 
     counters: list[Counters]
     at: float

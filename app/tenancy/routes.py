@@ -7,7 +7,7 @@ from typing import Any
 from litestar import Controller, Request, get
 
 from app.admin.schemas import KeyLimits, LiveCounters, OwnKey, QuotaIn
-from app.tenancy.gate import principal_of, require_api_key, tenancy_of
+from app.tenancy.gate import ApiKeyAuthentication, tenancy_of
 from app.tenancy.keys import redacted
 from app.tenancy.limits import Limits
 from app.tenancy.service import Principal, Tenancy
@@ -51,8 +51,8 @@ def own_key(tenancy: Tenancy, p: Principal) -> OwnKey:
 class OwnKeyController(Controller):
     path = "/v1/key"
     tags = ("OpenAI",)
-    guards = [require_api_key]  # noqa: RUF012
+    middleware = [ApiKeyAuthentication]  # noqa: RUF012
 
     @get("/", summary="This key's limits and usage, and its tenant's")
-    async def own(self, request: Request[Any, Any, Any]) -> OwnKey:
-        return own_key(tenancy_of(request), principal_of(request.scope))
+    async def own(self, request: Request[Principal, str, Any]) -> OwnKey:
+        return own_key(tenancy_of(request), request.user)

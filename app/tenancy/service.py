@@ -1,8 +1,8 @@
 """``Tenancy``: who is asking, may they, and what did they use — without waiting on the DB.
 
     authenticate(header)  HMAC → Directory (memory)        401 / 403, or a Principal
-    admit(principal, …)   Limiter.check, then .charge       429, or an Admission
-    Admission.close()     Limiter.settle + LedgerWriter.record (a list append)
+    reserve(principal, …) Limiter.check, then .charge       429, or a Reservation
+    Reservation.close()   Limiter.settle + LedgerWriter.record (a list append)
 
 Started by the app's lifespan: checks the schema is at head, loads the directory, rebuilds
 the counters from the ledger, starts the ledger writer; stopping flushes the ledger.
@@ -220,15 +220,13 @@ class Tenancy:
     def headers(self, principal: Principal) -> dict[str, str]:
         return rate_headers(self.limiter.remaining(principal.scopes(), self.clock()))
 
-    def admit(self, principal: Principal, request_id: str, reserve_tokens: int) -> Admission:
+    def reserve(self, principal: Principal, request_id: str, tokens: int) -> Reservation:
         now = self.clock()
         scopes = principal.scopes()
-        denial = self.limiter.check(scopes, reserve_tokens, now)
+        denial = self.limiter.check(scopes, tokens, now)
         if denial is not None:
             raise rate_limited(denial)
-        return Admission(
-            self, principal, request_id, self.limiter.charge(scopes, reserve_tokens, now)
-        )
+        return Reservation(self, principal, request_id, self.limiter.charge(scopes, tokens, now))
 
     def live(self, scope: str) -> LiveUsage:
         now = self.clock()
@@ -244,8 +242,8 @@ class Tenancy:
             raise InvalidApiKey("Incorrect admin key.", code="invalid_admin_key")
 
 
-class Admission:
-    """One admitted request's reservation; ``close`` settles it exactly once."""
+class Reservation:
+    """One request's hold on its quotas; ``close`` settles it exactly once."""
 
     def __init__(
         self, tenancy: Tenancy, principal: Principal, request_id: str, charge: Charge

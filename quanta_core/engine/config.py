@@ -17,23 +17,20 @@ class EngineConfig:
     # sequence then attends over the shared buffer, which costs attention time at long contexts.
     kv_unified: bool = True
     # How long llama.cpp's idle OpenMP threads spin before they sleep (GOMP_SPINCOUNT, in
-    # spin iterations). libgomp's default spins for milliseconds after every step: measured,
-    # the worker kept ~1.8 cores busy through 5 ms pauses between steps, taking the core the
-    # server needs for its own work between steps. 3,000 covers the barriers inside a step
-    # (no slower steps measured) and sleeps soon after it. None: libgomp's default. An
-    # OMP_WAIT_POLICY or GOMP_SPINCOUNT in the environment wins over this.
+    # spin iterations). libgomp's default spins for milliseconds after every step, keeping
+    # nearly two cores busy through the pauses between steps and taking the core the server
+    # needs for its own work. 3,000 covers the barriers inside a step and sleeps soon after
+    # it. None: libgomp's default. An OMP_WAIT_POLICY or GOMP_SPINCOUNT in the environment
+    # wins over this.
     omp_spincount: int | None = 3000
     # After the worker's heads-up (it is sampling the last sequence), how long the caller
     # polls for the step's reply before it sleeps on the socket. The reply follows in ~0.25 ms
     # (one greedy sequence here); spinning saves a second wake-up of an idle CPU (~0.15 ms).
     reply_spin_s: float = 0.001
     # After each reply, how long the worker polls for the next call (yielding its CPU between
-    # polls) before it sleeps on the socket; a sleeping worker is woken by the next call, which
-    # cost ~0.1 ms of every step on this VM. Measured (12-01): the boundary of a one-sequence
-    # decode step 0.24-0.29 -> 0.17-0.19 ms; served (scripts/bench_settings_ab.py, results in
-    # bench/results/ab/), the engine's own steps ran faster too: 86.9 -> 93.3 tokens/s for one
-    # stream, 117.9 -> 125.4 for sixteen (medians of 6 rounds in turn); again once the loop
-    # read the replies itself, 73.6 -> 87.0 for one, 110.9 -> 109.4 (alike) for sixteen.
+    # polls) before it sleeps on the socket: waking a sleeping worker costs about a tenth of a
+    # millisecond of every step, and a polling one keeps the engine's steps faster too
+    # (bench/results/ab/, scripts/bench_settings_ab.py).
     call_spin_s: float = 0.002
     step_timeout_s: float = 60.0  # a step that takes longer is treated as a hung worker
     start_timeout_s: float = 120.0  # loading the model in a fresh worker

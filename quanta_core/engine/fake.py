@@ -58,6 +58,11 @@ class FakeExecutor:
         self._mirror = KvMirror.for_engine(self.info)
 
     @property
+    def mirror(self) -> KvMirror:
+        """What the engine holds: sequence lengths and stashes, as the worker's mirror."""
+        return self._mirror
+
+    @property
     def info(self) -> EngineInfo:
         return EngineInfo(
             n_ctx=self.n_ctx,

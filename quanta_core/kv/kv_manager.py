@@ -122,6 +122,11 @@ class KvManager:
     def holders(self) -> list[int]:
         return list(self._holders)
 
+    @property
+    def pending_ops(self) -> tuple[KvOp, ...]:
+        """The KV operations decided since the last plan took them (``drain_ops``)."""
+        return tuple(self._ops)
+
     def stats(self) -> KvStats:
         bs = self.block_size
         active = [t for t in self._seqs.values() if t.role is SeqRole.ACTIVE]

@@ -1,6 +1,6 @@
 """The scheduler core: requests, policies, the plan/update cycle and its async driver."""
 
-from quanta_core.scheduler.admission import AdmissionDecision, AdmissionVerdict
+from quanta_core.scheduler.admission import AdmissionDecision, AdmissionVerdict, Refused
 from quanta_core.scheduler.choice import Choice, ChoiceStatus
 from quanta_core.scheduler.config import PolicyName, SchedulerConfig, StepLimits
 from quanta_core.scheduler.driver import Driver
@@ -24,6 +24,7 @@ __all__ = [
     "PreemptMode",
     "PreemptionCosts",
     "QueueBound",
+    "Refused",
     "RequestHandle",
     "Scheduler",
     "SchedulerConfig",

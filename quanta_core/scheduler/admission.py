@@ -27,3 +27,24 @@ class AdmissionVerdict:
     @classmethod
     def reject(cls, reason: str, kind: RejectionKind, retry_after_s: float) -> AdmissionVerdict:
         return cls(AdmissionDecision.REJECT, reason, kind, retry_after_s)
+
+
+class Refused(Exception):
+    """A request refused at submission (``Driver.submit`` raises it): it never reached a
+    queue. ``rejection`` says whose limit it met (None: the request itself, or a server that
+    is stopping or failed); ``retry_after_s`` when the same request may be admitted."""
+
+    def __init__(
+        self,
+        reason: str,
+        rejection: RejectionKind | None = None,
+        retry_after_s: float | None = None,
+    ) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.rejection = rejection
+        self.retry_after_s = retry_after_s
+
+    @classmethod
+    def of(cls, verdict: AdmissionVerdict) -> Refused:
+        return cls(verdict.reason or "refused", verdict.rejection, verdict.retry_after_s)

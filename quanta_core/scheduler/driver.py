@@ -2,7 +2,7 @@
 
     driver = Driver(scheduler, executor, clock)
     await driver.start()
-    handle = driver.submit(GenerationRequest(...))    # -> RequestHandle
+    handle = driver.submit(GenerationRequest(...))    # -> RequestHandle, or raises Refused
     async for event in handle: ...                     # TokenEvent | ChoiceFinished
     results = await handle.results()
     driver.cancel(request_id)                          # freed at the next cycle boundary
@@ -15,9 +15,8 @@ the event loop's thread (a cycle's bookkeeping is small); ``executor.step`` and
 stays free for HTTP while the engine works, and scheduler state is touched by one thread only.
 An executor that can be stepped from the loop (``SteppedFromLoop``: the llama.cpp worker's
 call is sent from the loop's thread and its reply read by the loop itself, woken by the
-worker's heads-up) is stepped with ``step_async`` instead, with no hand-off between threads
-(measured ~0.4 ms less per cycle than a whole step in a thread; reading the reply on the loop
-rather than in a waiting thread, 0.1 ms less at one stream and 1.1 ms at sixteen).
+worker's heads-up) is stepped with ``step_async`` instead, with no hand-off between threads,
+which would cost every cycle a thread switch (bench/results/ab/).
 Each call of ``submit`` / ``cancel`` / ``stop`` wakes an idle loop.
 
 Failures: ``EngineDied`` restarts the executor and hands the scheduler the dead plan
@@ -40,6 +39,7 @@ from quanta_core.engine.errors import EngineDied, EngineError, EngineInputError
 from quanta_core.engine.protocol import Executor, SteppedFromLoop
 from quanta_core.engine.types import StepPlan, StepResult
 from quanta_core.requests import ChoiceFinished, FinishReason, GenerationRequest
+from quanta_core.scheduler.admission import AdmissionDecision, Refused
 from quanta_core.scheduler.handle import Event, RequestHandle
 from quanta_core.scheduler.scheduler import Scheduler, SchedulerStats
 
@@ -62,7 +62,6 @@ class Driver:
         self._engine_thread = ThreadPoolExecutor(1, thread_name_prefix="quanta-engine")
         # Asked once: a runtime protocol check costs microseconds on every call.
         self._from_loop = executor if isinstance(executor, SteppedFromLoop) else None
-        self._stopping = False
         self._closing = False
         self._failure: str | None = None
 
@@ -80,17 +79,19 @@ class Driver:
         return await asyncio.get_running_loop().run_in_executor(self._engine_thread, call)
 
     def submit(self, request: GenerationRequest) -> RequestHandle:
-        now = self.clock.now()
-        handle = RequestHandle(request, now)
-        refusal = self._refusal(request)
-        if refusal is not None:
-            handle.fail(FinishReason.REJECTED, refusal, now)
-            return handle
-        self._handles[request.request_id] = handle
-        self.scheduler.submit(request)
-        self._dispatch(self.scheduler.drain_events())  # an immediate rejection
+        """Queue ``request`` (or start it at the next cycle) and return its handle; raise
+        ``Refused`` when admission refuses it at once."""
+        if self._failure is not None:
+            raise Refused(f"the scheduler failed: {self._failure}")
+        verdict = self.scheduler.submit(request)
+        events = self.scheduler.drain_events()
+        if verdict.decision is AdmissionDecision.REJECT:
+            # Its choices' REJECTED results are what the exception says; nothing else moved.
+            raise Refused.of(verdict)
+        self._handles[request.request_id] = RequestHandle(request, self.clock.now())
+        self._dispatch(events)  # queued requests shed to make room for this one
         self._wake.set()
-        return handle
+        return self._handles[request.request_id]
 
     def cancel(self, request_id: str) -> bool:
         """Cancel a live request; its KV is freed at the next cycle boundary."""
@@ -103,7 +104,6 @@ class Driver:
 
     async def stop(self, grace_s: float) -> None:
         """Admit nothing new; give in-flight requests ``grace_s`` to finish, then fail them."""
-        self._stopping = True
         self.scheduler.stop_admitting()
         self._dispatch(self.scheduler.drain_events())
         self._wake.set()
@@ -116,15 +116,6 @@ class Driver:
         self._wake.set()
         await self._task
         self._engine_thread.shutdown(wait=False)
-
-    def _refusal(self, request: GenerationRequest) -> str | None:
-        if self._failure is not None:
-            return f"the scheduler failed: {self._failure}"
-        if self._stopping:
-            return "the server is stopping"
-        if request.request_id in self._handles:
-            return f"request id {request.request_id!r} is already in flight"
-        return None
 
     # ---- the loop ----
 
@@ -179,7 +170,7 @@ class Driver:
 
         Their work then runs between engine steps instead of during one: on a machine with
         as many cores as llama.cpp threads, anything that overlaps a step stalls the
-        engine's thread barriers (measured: bench/results/http_overhead.json).
+        engine's thread barriers (bench/results/http_overhead.json).
         """
         for _ in range(HAND_OVER_MAX_YIELDS):
             if not any(h.pending for h in handles):

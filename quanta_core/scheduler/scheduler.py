@@ -204,6 +204,15 @@ class Scheduler:
         return self.drain_events()
 
     @property
+    def running(self) -> tuple[Choice, ...]:
+        """The choices holding a sequence, in the order they get their tokens."""
+        return tuple(self._running)
+
+    def open_choices(self) -> list[Choice]:
+        """Every choice of every request not yet finished as a whole."""
+        return [c for group in self._groups.values() for c in group]
+
+    @property
     def has_work(self) -> bool:
         return bool(self._groups or self._cancels or self._release)
 

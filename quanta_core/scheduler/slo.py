@@ -1,8 +1,7 @@
 """SLO classes, their targets and the queue bounds: one frozen config for ``vtc`` and ``slo``.
 
-The defaults come from this machine's measured engine (2 CPU cores, SmolLM2-135M Q4_1,
-llama.cpp through the worker; figures of issue 7's runs, bench/results/fairness/README.md,
-and the engine bench):
+The defaults come from the reference machine's engine (2 CPU cores, SmolLM2-135M Q4_1,
+llama.cpp through the worker; bench/results/fairness/README.md and the engine bench):
 
     one sequence, one decode step          ~18 ms
     batched decode, 16 sequences           ~188 ms per step (only ~1.5x the throughput of
@@ -15,7 +14,7 @@ A line through those points prices a step of ``s`` sequences carrying ``t`` toke
                    1 decode: 18 ms    16 decodes: 188 ms    a 128-token chunk alone: 0.83 s
 
 It is only the prior: ``StepCostModel`` learns the per-sequence and per-token terms from the
-measured steps (prefill beside running streams was measured 2-3x slower than this line), and
+measured steps (prefill beside running streams runs 2-3x slower than this line), and
 plans against a high quantile of its error (``step_quantile``).
 
 and the targets follow from it:

@@ -6,9 +6,9 @@
 Why this shape. A decode-only step and a step carrying a prefill chunk cost different things:
 every sequence pays a per-sequence term (its sampled row, its attention), every prompt token
 beyond the first pays a per-token term. On the reference machine the two deviate from any
-prior by different factors (prefill beside running streams was measured 2-3x the prior while
-decodes were close), so one correction ratio for both (what this model used to learn) prices
-the mixed steps that matter most for the inter-token target wrongly.
+prior by different factors (prefill beside running streams runs 2-3x the prior while decodes
+stay close), so one correction ratio for both would price the mixed steps that matter most for
+the inter-token target wrongly.
 
 How it learns. Exponentially weighted least squares over ``(1, s, t - s) -> seconds``: every
 measured step adds ``x x^T`` and ``x y`` to running sums that decay by ``step_forgetting``

@@ -19,7 +19,8 @@ What each term stands for on llama.cpp's CPU backend:
                     tokens pulled the fitted intercept to 0).
   per_batched_pass  what a pass of two or more tokens costs on top: llama.cpp multiplies the
                     weights by a vector for one token and takes its matrix path for more.
-                    Measured at context 64: 1 sequence 10 ms, 2 sequences 30 ms, 4 31 ms.
+                    At a short context two sequences cost about three times one, four
+                    about the same as two.
   per_decode        a decode token's own work: its share of the weight products, its logits
                     over the vocabulary and its sampler.
   per_prefill       a prefill token's share of the weight products (no logits).

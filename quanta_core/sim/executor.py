@@ -43,7 +43,7 @@ class SimExecutor:
         self.cost_model = cost_model
         self._speed = speed
         self._mirror = KvMirror.for_engine(info)
-        # Prompts were checked at submit and every sampled token is in range (see _sample).
+        # Prompts were checked at submit and every sampled token is in range (see sample).
         self._mirror.check_token_ids = False
         self._samplers: dict[str, tuple[int, int]] = {}  # owner -> (seed, tokens sampled)
         self._eog = frozenset(info.eog_tokens)
@@ -70,7 +70,7 @@ class SimExecutor:
             mirror.apply(plan)  # most steps: slices only, checked in full before applied
         for owner in plan.release:
             self._samplers.pop(owner, None)
-        sample = self._sample
+        sample = self.sample
         outputs = tuple(
             [SeqOutput(s.seq, sample(s.owner, len(s.replay))) for s in plan.slices if s.sample]
         )
@@ -83,7 +83,8 @@ class SimExecutor:
             timings=StepTimings(engine_s=seconds, total_s=seconds),
         )
 
-    def _sample(self, owner: str, replayed: int) -> int:
+    def sample(self, owner: str, replayed: int) -> int:
+        """The next token of ``owner`` (a choice), deterministic in its id and position."""
         state = self._samplers.get(owner)
         seed, k = state if state is not None else (zlib.crc32(owner.encode()), replayed)
         self._samplers[owner] = (seed, k + 1)

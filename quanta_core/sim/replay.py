@@ -30,7 +30,7 @@ from quanta_core.sim.step_trace import StepRecord, batch_bucket
 
 
 def replayable(records: Sequence[StepRecord]) -> list[StepRecord]:
-    """The records to replay; a trace must carry its plans (recorded since 2026-12-01)."""
+    """The records to replay; a trace must carry its plans (``QUANTA_STEP_TRACE`` records them)."""
     if not records:
         raise ValueError("the trace has no step")
     missing = sum(1 for r in records if r.plan is None)

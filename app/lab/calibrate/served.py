@@ -3,7 +3,7 @@
 The grid prices one shape at a time, each from a clean buffer. A server makes other shapes:
 sequences at different contexts batched together, beside the prefix cache's holders, in cells
 llama.cpp has spread over its buffer. Replayed on the engine alone, the steps of served runs
-took 1.12-1.34x a model fitted on the grid only (bench/results/fidelity, 2026-12-01).
+take longer than a model fitted on the grid only predicts (bench/results/fidelity).
 
 So between the grid's visits (at each reference probe) the calibration also serves a few
 requests: for each policy, a fresh ``Scheduler`` runs a short open-loop workload on the real

@@ -172,11 +172,9 @@ class LlamaCppExecutor:
         """``step`` for an event loop: the call is sent from the loop's thread, so the worker
         starts at once, and the loop itself reads the reply: it watches the socket, the
         worker's heads-up wakes it, and it polls for the reply behind the heads-up (up to
-        ``reply_spin_s``) without blocking. Measured served, against a waiting thread that read
-        the reply and handed it to the loop (two servers in turn, step traces; results in
-        bench/results/ab/): the step call beyond the worker's time 0.65 -> 0.55 ms at one
-        stream, 1.56 -> 0.45 ms at sixteen, where that thread also had to win the interpreter
-        lock from a loop busy with the streams. Plans that move stash bytes (large frames) are
+        ``reply_spin_s``) without blocking. No thread hands the reply over: such a thread
+        would have to win the interpreter lock from a loop busy with the streams, which costs
+        most at many streams (bench/results/ab/). Plans that move stash bytes (large frames) are
         sent and read by a thread of this executor. A cancelled caller does not cancel the
         step: it completes, and the next waits for it."""
         await self._previous_step()
