@@ -37,6 +37,9 @@ def run(
     n_ctx: Annotated[int | None, typer.Option(help="KV cells shared by all sequences")] = None,
     n_seq_max: Annotated[int | None, typer.Option(help="engine sequence slots")] = None,
     threads: Annotated[int | None, typer.Option(help="llama.cpp threads")] = None,
+    n_gpu_layers: Annotated[
+        int | None, typer.Option(help="layers on the GPU (0: none, -1: all)")
+    ] = None,
     grace: Annotated[float | None, typer.Option(help="seconds in-flight requests get")] = None,
     log_level: Annotated[str | None, typer.Option(help="debug, info, warning…")] = None,
 ) -> None:
@@ -50,6 +53,7 @@ def run(
         "n_ctx": n_ctx,
         "n_seq_max": n_seq_max,
         "threads": threads,
+        "n_gpu_layers": n_gpu_layers,
         "grace_s": grace,
         "log_level": log_level,
     }

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import os
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import (
@@ -69,8 +70,26 @@ class Settings(BaseSettings):
         default=None, description="the model id clients send; default: the file's stem"
     )
     n_ctx: int = Field(default=8192, ge=64, description="KV cells shared by all sequences")
-    n_seq_max: int = Field(default=64, ge=1, le=256, description="engine sequence slots")
+    n_seq_max: int = Field(
+        default=64, ge=1, le=256, description="engine sequence slots (up to 256 on a GPU)"
+    )
     n_batch: int = Field(default=512, ge=1, description="most tokens in one engine pass")
+    n_ubatch: int = Field(
+        default=512,
+        ge=1,
+        description="most tokens llama.cpp computes at once inside one pass (at most n_batch)",
+    )
+    # GPU offload needs a llama-cpp-python built with a GPU backend (bench/results/gpu/README.md
+    # says how it is built for the H200); the defaults are the CPU engine's.
+    n_gpu_layers: int = Field(
+        default=0,
+        ge=-1,
+        description="model layers (and their KV cache) placed on the GPU: 0 none (CPU), -1 all",
+    )
+    flash_attn: Literal["auto", "on", "off"] = Field(
+        default="auto",
+        description="llama.cpp flash attention: auto (on where the backend supports it), on, off",
+    )
     # A small budget lets running streams decode between prefill chunks: earlier first tokens
     # for a crowd and more tokens/s, for a larger inter-token gap while prompts are prefilled
     # (bench/results/twenty_at_once_core.json).
@@ -198,7 +217,10 @@ class Settings(BaseSettings):
             n_ctx=self.n_ctx,
             n_seq_max=self.n_seq_max,
             n_batch=self.n_batch,
+            n_ubatch=min(self.n_ubatch, self.n_batch),
             threads=self.threads,
+            n_gpu_layers=self.n_gpu_layers,
+            flash_attn=self.flash_attn,
             omp_spincount=self.omp_spincount,
             reply_spin_s=self.reply_spin_s,
             call_spin_s=self.call_spin_s,

@@ -79,6 +79,7 @@ class Sampler:
                 raise SamplingError("the grammar does not parse")
         self._chain = build_chain(n_vocab, eog, params)
         self._n_vocab = n_vocab
+        self.plain_greedy = _plain_greedy(params, eog) if self._grammar is None else None
         self._candidates = np.empty(n_vocab, dtype=TOKEN_DATA) if self._grammar else None
         self._one = np.empty(1, dtype=TOKEN_DATA) if self._grammar else None
 
@@ -123,6 +124,28 @@ class Sampler:
         array = _token_array(one)
         llama_cpp.llama_sampler_apply(self._grammar, ctypes.byref(array))
         return bool(np.isfinite(one[0]["logit"]))
+
+
+def _plain_greedy(params: SamplingParams, eog: Iterable[int]) -> frozenset[int] | None:
+    """For a greedy chain without state (no penalties) and no bias above zero: the tokens
+    it biases. Its choice is then the logits' argmax, unless that is one of these tokens;
+    None for any other chain."""
+    if not params.greedy or params.presence_penalty or params.frequency_penalty:
+        return None
+    if any(bias > 0 for _, bias in params.logit_bias):
+        return None
+    biased = {token for token, bias in params.logit_bias if bias != 0}
+    if params.ignore_eos:
+        biased.update(eog)
+    return frozenset(biased)
+
+
+def greedy_rows(logits: np.ndarray) -> np.ndarray:
+    """The argmax of every row of a (rows, n_vocab) logits matrix: the first highest, as
+    llama.cpp's greedy sampler picks it. One pass for the whole batch instead of a candidate
+    array of the whole vocabulary per sequence (measured: bench/results/gpu/README.md)."""
+    tokens: np.ndarray = logits.argmax(axis=1)
+    return tokens
 
 
 def _token_array(records: np.ndarray) -> Any:
