@@ -6,7 +6,9 @@ tested without a model; every rejection names the parameter at fault.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import dataclasses
+import hashlib
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +32,20 @@ class PromptPlan:
     max_tokens: int
     sampling: SamplingParams
     stops: tuple[str, ...]
+    # The leading system messages' hash: what predicts the answer's length (quanta_core.predictor)
+    prefix_hash: str | None = None
+
+
+def system_prompt_hash(messages: Sequence[Mapping[str, str]]) -> str | None:
+    """A short hash of a chat's leading system messages (None: it has none)."""
+    head = []
+    for m in messages:
+        if m["role"] != "system":
+            break
+        head.append(m["content"])
+    if not head:
+        return None
+    return hashlib.blake2b("\x00".join(head).encode(), digest_size=8).hexdigest()
 
 
 def check_stream_options(request: ChatCompletionRequest | CompletionRequest) -> None:
@@ -55,7 +71,8 @@ def chat_plan(
         raise InvalidParameter("messages", f"the chat template failed: {exc}") from exc
     wanted = request.max_completion_tokens or request.max_tokens
     logprobs = (request.top_logprobs or 0) if request.logprobs else None
-    return _plan(request, prompt, wanted, "messages", logprobs, tokenizer, grammars, n_ctx)
+    plan = _plan(request, prompt, wanted, "messages", logprobs, tokenizer, grammars, n_ctx)
+    return dataclasses.replace(plan, prefix_hash=system_prompt_hash(messages))
 
 
 def completion_plan(

@@ -169,6 +169,11 @@ class Settings(BaseSettings):
         description="after each reply, how long the engine worker polls for the next step "
         "before sleeping, yielding the CPU between polls (0: always sleep)",
     )
+    predictor_state: Path | None = Field(
+        default=None,
+        description="the output-length predictor's state, loaded at start and saved at stop "
+        "(unset: data_dir/predictor.json)",
+    )
     step_trace: Path | None = Field(
         default=None,
         description="write every engine step's features and times here, one JSON line each "
@@ -215,6 +220,9 @@ class Settings(BaseSettings):
 
     def resolved_model_path(self) -> Path:
         return self.model_path if self.model_path is not None else default_model_path()
+
+    def predictor_path(self) -> Path:
+        return self.predictor_state or self.data_dir / "predictor.json"
 
     def served_model_name(self) -> str:
         return self.model_name or self.resolved_model_path().stem

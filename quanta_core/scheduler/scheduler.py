@@ -33,6 +33,7 @@ from quanta_core.engine.types import (
     StepResult,
 )
 from quanta_core.kv.kv_manager import KvManager
+from quanta_core.predictor import LengthPredictor
 from quanta_core.requests import (
     ChoiceFinished,
     FinishReason,
@@ -58,6 +59,7 @@ from quanta_core.scheduler.snapshot import (
 
 # Reasons whose KV is sound and worth keeping in the prefix cache.
 _CACHEABLE = frozenset({FinishReason.STOP, FinishReason.LENGTH, FinishReason.CANCELLED})
+_SERVED = frozenset({FinishReason.STOP, FinishReason.LENGTH})
 # For the per-step loop: in Python 3.11 looking up an enum member costs a descriptor call.
 _RUNNING = ChoiceStatus.RUNNING
 
@@ -81,7 +83,13 @@ class SchedulerStats:
 
 class Scheduler:
     def __init__(
-        self, config: SchedulerConfig, info: EngineInfo, clock: Clock, *, token_events: bool = True
+        self,
+        config: SchedulerConfig,
+        info: EngineInfo,
+        clock: Clock,
+        *,
+        token_events: bool = True,
+        predictor: LengthPredictor | None = None,
     ) -> None:
         self.config = config
         # A caller that needs only each choice's end (the simulator: a result carries its
@@ -104,6 +112,11 @@ class Scheduler:
             else config.prefix_cache_tokens // bs,
         )
         self.policy = make_policy(config.policy, config)
+        self.policy.set_pool(num_blocks, bs)
+        # Every served choice's length teaches it, whatever the policy (it is saved with the
+        # server's state); the policies that predict read it.
+        self.predictor = LengthPredictor() if predictor is None else predictor
+        self.policy.set_predictor(self.predictor)
         self.token_budget = min(config.token_budget, info.n_batch)
         self.max_running = min(config.max_running, info.n_seq_max)
         self.base_limits = StepLimits(self.max_running, self.token_budget)
@@ -534,6 +547,8 @@ class Scheduler:
         r.error = error
         r.rejection, r.retry_after_s = rejection, retry_after_s
         r.finished = self.clock.now()
+        if reason in _SERVED:
+            self.predictor.observe(r)
         self.policy.on_finished(r)
         self._events.append(ChoiceFinished(r.result()))
         group = self._groups.get(r.request_id)
