@@ -33,6 +33,9 @@ def run(
     port: Annotated[int | None, typer.Option(help="port (0: any free port)")] = None,
     model: Annotated[Path | None, typer.Option(help="GGUF file (default: SmolLM2-135M)")] = None,
     model_name: Annotated[str | None, typer.Option(help="the model id clients send")] = None,
+    served_model_names: Annotated[
+        str | None, typer.Option(help="more model ids for it (aliases), comma-separated")
+    ] = None,
     policy: Annotated[str | None, typer.Option(help="scheduling policy")] = None,
     n_ctx: Annotated[int | None, typer.Option(help="KV cells shared by all sequences")] = None,
     n_seq_max: Annotated[int | None, typer.Option(help="engine sequence slots")] = None,
@@ -49,6 +52,7 @@ def run(
         "port": port,
         "model_path": model,
         "model_name": model_name,
+        "served_model_names": served_model_names,
         "policy": policy,
         "n_ctx": n_ctx,
         "n_seq_max": n_seq_max,

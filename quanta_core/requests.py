@@ -44,6 +44,10 @@ class GenerationRequest:
     tenant: str = "default"
     slo_class: SloClass = SloClass.INTERACTIVE
     weight: float = 1.0  # the tenant's share within its class (fairness policies)
+    # What predicts the answer's length (quanta_core.predictor): the API key's id and a hash
+    # of the prompt's leading instructions (a chat's system message); None: unknown.
+    key_id: str | None = None
+    prefix_hash: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

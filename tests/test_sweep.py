@@ -231,6 +231,7 @@ def test_tiny_sweep_writes_rows_plots_and_summary(
         "jain_mean",
         "rejected",
         "preemptions",
+        "never_stalled",
         "virtual_s",
         "wall_s",
     ):

@@ -79,6 +79,8 @@ class Generation:
             tenant=ctx.tenant,
             slo_class=ctx.slo_class,
             weight=ctx.weight,
+            key_id=ctx.key_id,
+            prefix_hash=plan.prefix_hash,
         )
 
     @property

@@ -6,7 +6,9 @@ tested without a model; every rejection names the parameter at fault.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import dataclasses
+import hashlib
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +32,20 @@ class PromptPlan:
     max_tokens: int
     sampling: SamplingParams
     stops: tuple[str, ...]
+    # The leading system messages' hash: what predicts the answer's length (quanta_core.predictor)
+    prefix_hash: str | None = None
+
+
+def system_prompt_hash(messages: Sequence[Mapping[str, str]]) -> str | None:
+    """A short hash of a chat's leading system messages (None: it has none)."""
+    head = []
+    for m in messages:
+        if m["role"] != "system":
+            break
+        head.append(m["content"])
+    if not head:
+        return None
+    return hashlib.blake2b("\x00".join(head).encode(), digest_size=8).hexdigest()
 
 
 def check_stream_options(request: ChatCompletionRequest | CompletionRequest) -> None:
@@ -55,7 +71,8 @@ def chat_plan(
         raise InvalidParameter("messages", f"the chat template failed: {exc}") from exc
     wanted = request.max_completion_tokens or request.max_tokens
     logprobs = (request.top_logprobs or 0) if request.logprobs else None
-    return _plan(request, prompt, wanted, "messages", logprobs, tokenizer, grammars, n_ctx)
+    plan = _plan(request, prompt, wanted, "messages", logprobs, tokenizer, grammars, n_ctx)
+    return dataclasses.replace(plan, prefix_hash=system_prompt_hash(messages))
 
 
 def completion_plan(
@@ -99,9 +116,19 @@ def _plan(
     max_tokens = wanted if wanted is not None else n_ctx - len(prompt)
     if len(prompt) + max(max_tokens, 1) > n_ctx:
         raise ContextLengthExceeded(n_ctx, len(prompt), max(max_tokens, 0), prompt_param)
+    if request.min_tokens > max_tokens:
+        raise InvalidParameter(
+            "min_tokens", f"min_tokens ({request.min_tokens}) exceeds max_tokens ({max_tokens})"
+        )
     sampling = SamplingParams(
         temperature=1.0 if request.temperature is None else request.temperature,
         top_p=1.0 if request.top_p is None else request.top_p,
+        top_k=max(request.top_k or 0, 0),
+        min_p=request.min_p or 0.0,
+        repetition_penalty=(
+            1.0 if request.repetition_penalty is None else request.repetition_penalty
+        ),
+        min_tokens=request.min_tokens,
         seed=None if request.seed is None else request.seed & SEED_MASK,
         presence_penalty=request.presence_penalty or 0.0,
         frequency_penalty=request.frequency_penalty or 0.0,

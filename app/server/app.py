@@ -11,6 +11,7 @@ from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import SwaggerRenderPlugin
 
 from app.admin.routes import ADMIN_CONTROLLERS
+from app.admin.ui.plugin import LiveViewPlugin
 from app.openai.routes import CompletionsController, ModelsController
 from app.server.allow import allow_middleware
 from app.server.api_doc import FinishedJsonPlugin
@@ -57,6 +58,7 @@ def create_app(
         ],
         dependencies={"server": provide(state), "metrics": provide(metrics)},
         exception_handlers=EXCEPTION_HANDLERS,
+        plugins=[LiveViewPlugin()],
         middleware=[request_id_middleware, tenancy_middleware, allow_middleware],
         # Exited in reverse: in-flight requests drain first, then the ledger is flushed.
         lifespan=[tenancy.lifespan, lifecycle.lifespan],

@@ -6,7 +6,9 @@ event loop. The only module of ``app`` that imports the llama.cpp side of the co
 
 from __future__ import annotations
 
+import logging
 import time
+from pathlib import Path
 from typing import Any
 
 from app.server.core import Core, CoreStats
@@ -16,8 +18,11 @@ from quanta_core.engine.llama_cpp.executor import LlamaCppExecutor
 from quanta_core.engine.llama_cpp.grammar import json_object_grammar, json_schema_grammar
 from quanta_core.engine.llama_cpp.tokenizer import Tokenizer
 from quanta_core.engine.protocol import Executor
+from quanta_core.predictor import LengthPredictor
 from quanta_core.scheduler import Driver, QueueBound, Scheduler, SchedulerConfig, SloConfig
 from quanta_core.sim.step_trace import StepTracer
+
+log = logging.getLogger("quanta.assemble")
 
 
 class LlamaGrammars:
@@ -50,6 +55,23 @@ def scheduler_config(settings: Settings) -> SchedulerConfig:
     )
 
 
+def load_predictor(path: Path) -> LengthPredictor:
+    """What the last run learned of output lengths; an unreadable file is set aside (it is
+    a cache of experience: the server starts without it rather than not at all)."""
+    try:
+        return LengthPredictor.load(path)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        log.warning("predictor state %s unreadable (%s): starting without it", path, exc)
+        return LengthPredictor()
+
+
+def save_predictor(predictor: LengthPredictor, path: Path) -> None:
+    try:
+        predictor.save(path)
+    except OSError as exc:
+        log.warning("predictor state %s not saved: %s", path, exc)
+
+
 def build_core(settings: Settings) -> Core:
     config = settings.engine_config()
     sched_config = scheduler_config(settings)  # a bad policy fails before the model loads
@@ -58,7 +80,10 @@ def build_core(settings: Settings) -> Core:
     executor: Executor = LlamaCppExecutor.start(config)
     if settings.step_trace is not None:
         executor = StepTracer(executor, clock, settings.step_trace.open("w", buffering=1 << 16))
-    scheduler = Scheduler(sched_config, executor.info, clock)
+    predictor_path = settings.predictor_path()
+    scheduler = Scheduler(
+        sched_config, executor.info, clock, predictor=load_predictor(predictor_path)
+    )
     driver = Driver(scheduler, executor, clock)
 
     def stats() -> CoreStats:
@@ -74,9 +99,12 @@ def build_core(settings: Settings) -> Core:
             tenants=tuple(
                 (t.tenant, t.slo_class, t.counter, t.waiting, t.running) for t in s.tenants
             ),
+            block_size=scheduler.kv.block_size,
+            num_blocks=scheduler.kv.num_blocks,
         )
 
     def close() -> None:
+        save_predictor(scheduler.predictor, predictor_path)
         executor.close()
         tokenizer.close()
 
@@ -89,4 +117,6 @@ def build_core(settings: Settings) -> Core:
         grammars=LlamaGrammars(),
         stats=stats,
         close=close,
+        aliases=settings.model_aliases(),
+        snapshot=driver.snapshot,
     )

@@ -9,11 +9,12 @@ from __future__ import annotations
 import importlib.util
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import (
     BaseSettings,
+    NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     TomlConfigSettingsSource,
@@ -68,6 +69,12 @@ class Settings(BaseSettings):
     )
     model_name: str | None = Field(
         default=None, description="the model id clients send; default: the file's stem"
+    )
+    # As vLLM's --served-model-name with several names: /v1/models lists them all and a
+    # request naming any of them is served; responses name the model by model_name.
+    served_model_names: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=(),
+        description="more model ids for the same model (aliases), comma-separated in the env",
     )
     n_ctx: int = Field(default=8192, ge=64, description="KV cells shared by all sequences")
     n_seq_max: int = Field(
@@ -167,6 +174,11 @@ class Settings(BaseSettings):
         description="after each reply, how long the engine worker polls for the next step "
         "before sleeping, yielding the CPU between polls (0: always sleep)",
     )
+    predictor_state: Path | None = Field(
+        default=None,
+        description="the output-length predictor's state, loaded at start and saved at stop "
+        "(unset: data_dir/predictor.json)",
+    )
     step_trace: Path | None = Field(
         default=None,
         description="write every engine step's features and times here, one JSON line each "
@@ -179,6 +191,15 @@ class Settings(BaseSettings):
     def _model_exists(cls, value: Path | None) -> Path | None:
         if value is not None and not value.is_file():
             raise ValueError(f"model file not found: {value}")
+        return value
+
+    @field_validator("served_model_names", mode="before")
+    @classmethod
+    def _names(cls, value: object) -> object:
+        if isinstance(value, str):
+            value = [name.strip() for name in value.split(",")]
+        if isinstance(value, list | tuple) and not all(isinstance(n, str) and n for n in value):
+            raise ValueError("model names must be non-empty strings")
         return value
 
     @field_validator("admin_key", "secret_key")
@@ -205,8 +226,16 @@ class Settings(BaseSettings):
     def resolved_model_path(self) -> Path:
         return self.model_path if self.model_path is not None else default_model_path()
 
+    def predictor_path(self) -> Path:
+        return self.predictor_state or self.data_dir / "predictor.json"
+
     def served_model_name(self) -> str:
         return self.model_name or self.resolved_model_path().stem
+
+    def model_aliases(self) -> tuple[str, ...]:
+        """The other names of the model, without the primary one or repeats."""
+        primary = self.served_model_name()
+        return tuple(dict.fromkeys(n for n in self.served_model_names if n != primary))
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig(

@@ -12,6 +12,7 @@ from quanta_core.metrics.slo import (
     default_targets,
     meets_slo,
     meets_smooth_slo,
+    never_stalls,
     tokens_on_time,
 )
 from quanta_core.metrics.summary import GroupSummary, RunSummary, summarize
@@ -31,6 +32,7 @@ __all__ = [
     "jain_index",
     "meets_slo",
     "meets_smooth_slo",
+    "never_stalls",
     "summarize",
     "tokens_on_time",
 ]

@@ -11,6 +11,8 @@ Two views of "met":
 
 - goodput: the request met every target of its class (TTFT ≤ target and TPOT ≤ target, or
   end-to-end ≤ deadline).
+- never stalls: every gap between two streamed tokens at most a cap (1 s by default), however
+  late the stream started (``never_stalls``; issue 22's "smooth" of a KV-bound burst).
 - smooth goodput: every token arrived by its own deadline,
   ``sent + ttft_s + i × itl_s`` for token i (0 = the first), so a fast start cannot buy a
   stall in the middle; for a deadline class every token arrived by ``sent + deadline_s``.
@@ -19,6 +21,9 @@ Two views of "met":
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import pairwise
+
+import numpy as np
 
 from quanta_core.metrics.records import RequestRecord
 from quanta_core.requests import SloClass
@@ -80,8 +85,20 @@ def token_deadlines(record: RequestRecord, targets: SloTargets) -> list[float | 
 
 
 def tokens_on_time(record: RequestRecord, targets: SloTargets) -> int:
-    deadlines = token_deadlines(record, targets)
-    return sum(1 for t, d in zip(record.token_times, deadlines, strict=True) if d is None or t <= d)
+    """How many streamed tokens arrived by their deadline (``token_deadlines``), counted in
+    one array pass: the same float operations, token by token."""
+    n = len(record.token_times)
+    if n == 0:
+        return 0
+    hard = None if targets.deadline_s is None else record.sent + targets.deadline_s
+    times = np.asarray(record.token_times, dtype=np.float64)
+    if targets.ttft_s is None:
+        return n if hard is None else int(np.count_nonzero(times <= hard))
+    first, pace = record.sent + targets.ttft_s, targets.pace_s or 0.0
+    deadlines = first + np.arange(n, dtype=np.float64) * pace
+    if hard is not None:
+        deadlines = np.minimum(deadlines, hard)
+    return int(np.count_nonzero(times <= deadlines))
 
 
 def meets_smooth_slo(record: RequestRecord, targets: SloTargets) -> bool:
@@ -91,3 +108,13 @@ def meets_smooth_slo(record: RequestRecord, targets: SloTargets) -> bool:
     if targets.deadline_s is not None and record.finished - record.sent > targets.deadline_s:
         return False
     return tokens_on_time(record, targets) == len(record.token_times)
+
+
+def never_stalls(record: RequestRecord, max_gap_s: float = 1.0) -> bool:
+    """A finished request none of whose gaps between two streamed tokens exceeds
+    ``max_gap_s`` (the wait for the first token does not count): a stream that never stalls,
+    however late it started."""
+    if not record.ok or record.finished is None:
+        return False
+    t = record.token_times
+    return all(b - a <= max_gap_s for a, b in pairwise(t))

@@ -46,6 +46,9 @@ class Choice:
     weight: float
     arrival: float
     order: int  # submission order, the tie-breaker of every queue
+    key_id: str | None = None  # what predicts its length (GenerationRequest)
+    prefix_hash: str | None = None
+    length_keys: tuple[str, ...] = ()  # the length predictor's keys for it, once computed
     status: ChoiceStatus = ChoiceStatus.WAITING
     num_computed_tokens: int = 0
     seq: int | None = None
@@ -100,6 +103,8 @@ class Choice:
                 weight=req.weight,
                 arrival=arrival,
                 order=order,
+                key_id=req.key_id,
+                prefix_hash=req.prefix_hash,
             )
             for i in range(req.n)
         ]

@@ -14,6 +14,29 @@ class PolicyName(StrEnum):
     FCFS = "fcfs"  # continuous batching, first come first served, preempt the newest
     VTC = "vtc"  # fair share between tenants by virtual token counters, one pool
     SLO = "slo"  # VTC within SLO classes, interactive first, batch aged, admission control
+    HORIZON = "horizon"  # VTC; predicted lengths: memory-aware admission, shortest first
+
+
+@dataclass(frozen=True, slots=True)
+class HorizonConfig:
+    """The ``horizon`` policy's knobs (``quanta_core.scheduler.policies.horizon``)."""
+
+    # The remaining-length quantile admission projects with: higher preempts less often and
+    # admits fewer at once (with p90 about one running request in ten outlives its projection).
+    admission_quantile: float = 0.9
+    # Aging of shortest-first: a request is never overtaken by one arriving more than this
+    # many seconds per token of its work (prompt + max_tokens) after it.
+    aging_s_per_token: float = 0.02
+    # While streams decode, a step is planned to last at most this (the step-cost model's
+    # estimate, its margin included): a prompt beside them is prefilled in chunks that fit, so
+    # that no stream's gap nears the 1 s that counts as a stall (bench/results/horizon).
+    step_target_s: float = 0.5
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.admission_quantile <= 1.0 or self.aging_s_per_token < 0:
+            raise ValueError(f"admission_quantile in (0, 1], aging_s_per_token >= 0: {self}")
+        if self.step_target_s <= 0:
+            raise ValueError(f"step_target_s must be > 0: {self}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +61,7 @@ class SchedulerConfig:
     check_integrity: bool = False
     # SLO classes, queue bounds and the step-cost prior (the ``vtc`` and ``slo`` policies)
     slo: SloConfig = field(default_factory=SloConfig)
+    horizon: HorizonConfig = field(default_factory=HorizonConfig)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "policy", PolicyName(self.policy))

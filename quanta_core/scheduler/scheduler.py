@@ -19,6 +19,7 @@ once (the policy's ``on_submit``): start, queue, or reject, possibly shedding qu
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from quanta_core.clock import Clock
@@ -32,6 +33,7 @@ from quanta_core.engine.types import (
     StepResult,
 )
 from quanta_core.kv.kv_manager import KvManager
+from quanta_core.predictor import LengthPredictor
 from quanta_core.requests import (
     ChoiceFinished,
     FinishReason,
@@ -46,9 +48,18 @@ from quanta_core.scheduler.handle import Event
 from quanta_core.scheduler.policies import make_policy
 from quanta_core.scheduler.policies.base import StartDecision, TenantStats
 from quanta_core.scheduler.preemption import PreemptionCosts, PreemptMode
+from quanta_core.scheduler.snapshot import (
+    ChoiceView,
+    DecisionLog,
+    SchedulerSnapshot,
+    Step,
+    block_map,
+    step_rates,
+)
 
 # Reasons whose KV is sound and worth keeping in the prefix cache.
 _CACHEABLE = frozenset({FinishReason.STOP, FinishReason.LENGTH, FinishReason.CANCELLED})
+_SERVED = frozenset({FinishReason.STOP, FinishReason.LENGTH})
 # For the per-step loop: in Python 3.11 looking up an enum member costs a descriptor call.
 _RUNNING = ChoiceStatus.RUNNING
 
@@ -72,7 +83,13 @@ class SchedulerStats:
 
 class Scheduler:
     def __init__(
-        self, config: SchedulerConfig, info: EngineInfo, clock: Clock, *, token_events: bool = True
+        self,
+        config: SchedulerConfig,
+        info: EngineInfo,
+        clock: Clock,
+        *,
+        token_events: bool = True,
+        predictor: LengthPredictor | None = None,
     ) -> None:
         self.config = config
         # A caller that needs only each choice's end (the simulator: a result carries its
@@ -95,6 +112,11 @@ class Scheduler:
             else config.prefix_cache_tokens // bs,
         )
         self.policy = make_policy(config.policy, config)
+        self.policy.set_pool(num_blocks, bs)
+        # Every served choice's length teaches it, whatever the policy (it is saved with the
+        # server's state); the policies that predict read it.
+        self.predictor = LengthPredictor() if predictor is None else predictor
+        self.policy.set_predictor(self.predictor)
         self.token_budget = min(config.token_budget, info.n_batch)
         self.max_running = min(config.max_running, info.n_seq_max)
         self.base_limits = StepLimits(self.max_running, self.token_budget)
@@ -120,6 +142,7 @@ class Scheduler:
         self._admitting = True
         self.num_preemptions = 0
         self.engine_deaths = 0
+        self.decisions = DecisionLog()  # one record per request, for the live view
 
     # ---- the public face ----
 
@@ -135,6 +158,7 @@ class Scheduler:
             if reason is not None
             else self.policy.on_submit(choices, self._running, self.base_limits)
         )
+        self.decisions.record(now, choices[0], verdict, len(self.policy.waiting))
         if verdict.decision is AdmissionDecision.REJECT:
             for r in choices:
                 self._finish(
@@ -158,14 +182,10 @@ class Scheduler:
         group = self._groups[request_id]
         if any(r.first_scheduled is not None or r.preemptions for r in group):
             raise RuntimeError(f"the policy shed {request_id}, which has run")
+        reason = "shed from the queue under overload to make room for interactive traffic"
+        self.decisions.shed(self.clock.now(), group[0], reason)
         for r in group:
-            self._finish(
-                r,
-                FinishReason.REJECTED,
-                "shed from the queue under overload to make room for interactive traffic",
-                RejectionKind.OVERLOADED,
-                retry_after_s,
-            )
+            self._finish(r, FinishReason.REJECTED, reason, RejectionKind.OVERLOADED, retry_after_s)
 
     def cancel(self, request_id: str) -> bool:
         """Cancel at the next cycle boundary; ``False`` if no such request is live."""
@@ -226,6 +246,23 @@ class Scheduler:
             engine_deaths=self.engine_deaths,
             waiting_by_class=tuple(sorted(by_class.items())),
             tenants=self.policy.tenant_stats(self._running),
+        )
+
+    def snapshot(self, steps: Iterable[Step] = ()) -> SchedulerSnapshot:
+        """The queues, the running set, the block map and the recent decisions, as plain
+        data (``steps``: the driver's recent ones, for the step rates)."""
+        now = self.clock.now()
+        waiting = sorted(self.policy.waiting, key=lambda r: (r.order, r.index))
+        return SchedulerSnapshot(
+            now=now,
+            policy=self.policy.name.value,
+            block_size=self.kv.block_size,
+            blocks=block_map(self.kv.pool.blocks),
+            running=tuple(ChoiceView.of(r, now) for r in self._running),
+            waiting=tuple(ChoiceView.of(r, now) for r in waiting),
+            tenants=self.policy.tenant_stats(self._running),
+            decisions=self.decisions.latest(),
+            rates=step_rates(steps, now),
         )
 
     def check_integrity(self) -> None:
@@ -510,6 +547,8 @@ class Scheduler:
         r.error = error
         r.rejection, r.retry_after_s = rejection, retry_after_s
         r.finished = self.clock.now()
+        if reason in _SERVED:
+            self.predictor.observe(r)
         self.policy.on_finished(r)
         self._events.append(ChoiceFinished(r.result()))
         group = self._groups.get(r.request_id)

@@ -53,7 +53,7 @@ from app.lab.sweep.grid import (
 )
 from app.server.settings import Settings
 from quanta_core.engine.types import EngineInfo
-from quanta_core.metrics import RunSummary, summarize
+from quanta_core.metrics import RunSummary, never_stalls, summarize
 from quanta_core.requests import SloClass
 from quanta_core.scheduler import SchedulerConfig
 from quanta_core.sim.cost_model import CostModel
@@ -124,6 +124,8 @@ def row(
         "rejected": o.rejected,
         "failed": o.failed - o.rejected,
         "preemptions": outcome.preemptions,
+        # streams whose every inter-token gap stayed within 1 s (a KV-bound burst's figure)
+        "never_stalled": sum(1 for r in outcome.records if never_stalls(r, 1.0)),
         "throughput_rps": o.requests_per_s,
         "output_tps": o.output_tokens_per_s,
         "ttft_mean_s": _s(o.ttft.mean_ms),

@@ -6,9 +6,11 @@ from quanta_core.scheduler.config import PolicyName, SchedulerConfig
 from quanta_core.scheduler.policies.base import Policy
 from quanta_core.scheduler.policies.baselines import FcfsPolicy, SequentialPolicy, StaticPolicy
 from quanta_core.scheduler.policies.fair import SloPolicy, VtcPolicy
+from quanta_core.scheduler.policies.horizon import HorizonPolicy
 
 POLICIES: dict[PolicyName, type[Policy]] = {
-    cls.name: cls for cls in (SequentialPolicy, StaticPolicy, FcfsPolicy, VtcPolicy, SloPolicy)
+    cls.name: cls
+    for cls in (SequentialPolicy, StaticPolicy, FcfsPolicy, VtcPolicy, SloPolicy, HorizonPolicy)
 }
 
 

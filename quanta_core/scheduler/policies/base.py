@@ -5,6 +5,8 @@ whom to evict when memory runs out. It never touches KV memory; the scheduler do
 same code for every policy. The fair policies (``vtc``, ``slo``) live in ``fair_policies``;
 all are made by name in ``registry``. Hooks a policy may use, each a no-op here:
 
+    set_pool        the KV pool's size, once (``policies.memory.MemoryGate`` needs it)
+    set_predictor   the scheduler's output-length predictor, once
     on_submit       START / QUEUE / REJECT a new request (and shed queued ones)
     limits          this cycle's running-count and token caps
     order_running / defers     who of the running gets tokens first; who goes after admission
@@ -22,6 +24,7 @@ from enum import Enum
 from typing import ClassVar
 
 from quanta_core.engine.types import StepPlan, StepResult
+from quanta_core.predictor import LengthPredictor
 from quanta_core.scheduler.admission import AdmissionDecision, AdmissionVerdict
 from quanta_core.scheduler.choice import Choice
 from quanta_core.scheduler.config import PolicyName, SchedulerConfig, StepLimits
@@ -58,6 +61,12 @@ class Policy(ABC):
     def sort_key(self, r: Choice) -> SortKey:
         """The waiting order: first come, first served."""
         return arrival_order(r)
+
+    def set_pool(self, num_blocks: int, block_size: int) -> None:  # noqa: B027
+        """The KV pool's size, told once by the scheduler (for memory-aware admission)."""
+
+    def set_predictor(self, predictor: LengthPredictor) -> None:  # noqa: B027
+        """The scheduler's length predictor (which it teaches every finished choice)."""
 
     def begin_cycle(self, running: Collection[Choice], now: float) -> None:  # noqa: B027
         """Called first in each cycle; a policy lifts its starved requests here."""

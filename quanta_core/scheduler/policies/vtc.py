@@ -21,10 +21,10 @@ happened to be lowest.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from quanta_core.scheduler.choice import Choice
-from quanta_core.scheduler.queue import WaitingQueue, arrival_order
+from quanta_core.scheduler.queue import SortKey, WaitingQueue, arrival_order
 
 _MIN_WEIGHT = 1e-6
 
@@ -106,13 +106,17 @@ class VirtualCounters:
 
 
 class FairQueue:
-    """Waiting requests, one FIFO per tenant; the head is the lowest-ranked tenant's oldest.
+    """Waiting requests, one queue per tenant (FIFO, or in ``key``'s order); the head is the
+    lowest-ranked tenant's first (ties: the older head).
 
     O(tenants) per peek: tenants are few, requests many.
     """
 
-    def __init__(self, counters: VirtualCounters) -> None:
+    def __init__(
+        self, counters: VirtualCounters, key: Callable[[Choice], SortKey] = arrival_order
+    ) -> None:
         self.counters = counters
+        self._key = key
         self._by_tenant: dict[str, WaitingQueue] = {}
 
     def __len__(self) -> int:
@@ -121,7 +125,7 @@ class FairQueue:
     def push(self, r: Choice) -> None:
         queue = self._by_tenant.get(r.tenant)
         if queue is None:
-            queue = self._by_tenant[r.tenant] = WaitingQueue(arrival_order)
+            queue = self._by_tenant[r.tenant] = WaitingQueue(self._key)
         queue.push(r)
 
     def _head_queue(self) -> WaitingQueue | None:

@@ -1,0 +1,116 @@
+"""Memory-aware admission: start a request only if KV memory holds it at every future moment.
+
+The rule is MC-SF's (Jaillet et al. 2025, arXiv 2502.07115). Every running sequence grows by
+one cell per step until it ends, then frees all it held. With ``held`` cells now and
+``remaining`` more tokens to come (a predicted quantile), sequence ``i`` holds at ``t`` steps
+from now
+
+    cells_i(t) = held_i + t    while t <= remaining_i,   0 after
+
+so the pool's use is a sum of rising lines that drop at completions, and its peaks are just
+before a completion. Admitting a candidate is safe iff at ``t = 0`` and at every completion
+time ``t = remaining_j`` (the candidate's included)
+
+    sum over i with remaining_i >= t of  ceil(cells_i(t) / block_size)   <=   capacity_blocks
+
+    blocks ^        .|                         running: a (held 4, rem 2), b (held 2, rem 5)
+           |      .' |        .|               candidate c (held 3, rem 4)
+           |    .'   |      .' |  .|           peaks checked at t = 0, 2, 4, 5
+           |  .'     |____.'   |.' |
+           +------------------------------> t
+
+Counting whole blocks per sequence matches the block manager; a prompt shared between the
+choices of one request is counted once per choice (safe: it overestimates). Prefix-cache
+blocks do not count: they are reclaimed on demand. A request is admitted onto an idle engine
+whatever its projection (nothing would ever free room for it; the context bound caps it).
+
+``MemoryGate`` is the piece a policy calls from ``may_start``; ``fits`` / ``peak_blocks``
+are the pure rule. A wrong prediction is paid for by the scheduler's preemption (the cheapest
+victim, stash or recompute); the quantile chooses how often: p90 means about one running
+request in ten outlives its projection.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+
+from quanta_core.scheduler.choice import Choice
+
+
+@dataclass(frozen=True, slots=True)
+class KvDemand:
+    """One sequence's KV over time: ``held`` cells now, ``remaining`` more tokens to come."""
+
+    held: int
+    remaining: int
+
+
+def _blocks(cells: int, block_size: int) -> int:
+    return -(-cells // block_size)
+
+
+def peak_blocks(demands: Sequence[KvDemand], block_size: int) -> int:
+    """The most blocks ``demands`` hold at once from now until the last of them ends."""
+    peak = 0
+    times = {0, *(d.remaining for d in demands)}
+    for t in times:
+        used = 0
+        for d in demands:
+            if d.remaining >= t:
+                used += _blocks(d.held + t, block_size)
+        peak = max(peak, used)
+    return peak
+
+
+def fits(
+    running: Sequence[KvDemand], candidate: KvDemand, capacity_blocks: int, block_size: int
+) -> bool:
+    """Whether ``candidate`` may start beside ``running`` (always, when nothing runs)."""
+    if not running:
+        return True
+    return peak_blocks([*running, candidate], block_size) <= capacity_blocks
+
+
+def max_tokens_remaining(r: Choice) -> int:
+    """The safe projection with no predictor: every request runs to its ``max_tokens``."""
+    return max(r.max_tokens - r.num_output, 0)
+
+
+class MemoryGate:
+    """``admits(r, running)``: the MC-SF rule over the scheduler's live choices.
+
+    ``remaining(r)`` projects how many more tokens ``r`` will generate: a quantile of a
+    length predictor, or ``max_tokens_remaining`` (exact under ``ignore_eos``, pessimistic
+    otherwise). A choice holds ``len(r.tokens)`` cells at its projection's start, its prompt
+    counted whole even while it is prefilled in chunks. The policy must learn the pool's size
+    (``set_pool``) before the first ``admits``; the scheduler calls ``Policy.set_pool``.
+
+        gate = MemoryGate(remaining=max_tokens_remaining)
+        gate.set_pool(num_blocks=128, block_size=16)
+        if not gate.admits(r, running):
+            return StartDecision.STOP          # wait: a burst, not overload
+    """
+
+    def __init__(self, remaining: Callable[[Choice], int] = max_tokens_remaining) -> None:
+        self.remaining = remaining
+        self.capacity_blocks = 0
+        self.block_size = 1
+        self.holds = 0  # admissions the rule deferred (for tests and stats)
+
+    def set_pool(self, num_blocks: int, block_size: int) -> None:
+        self.capacity_blocks, self.block_size = num_blocks, block_size
+
+    def demand(self, r: Choice) -> KvDemand:
+        return KvDemand(len(r.tokens), self.remaining(r))
+
+    def admits(self, r: Choice, running: Collection[Choice]) -> bool:
+        if not running:
+            return True
+        if self.capacity_blocks <= 0:
+            raise RuntimeError("MemoryGate.admits before set_pool")
+        demands = [self.demand(o) for o in running]
+        ok = fits(demands, self.demand(r), self.capacity_blocks, self.block_size)
+        if not ok:
+            self.holds += 1
+        return ok
