@@ -23,7 +23,16 @@ from typing import Any
 
 import httpx
 
-from app.lab.reliability.harness import Client, Key, Server, Tally, loadavg, model_of, write_result
+from app.lab.reliability.harness import (
+    Client,
+    Key,
+    Server,
+    Tally,
+    kill_leftovers,
+    loadavg,
+    model_of,
+    write_result,
+)
 
 ENGINE_KILL_EVERY_S = 20.0
 DAILY_QUOTA = 4000
@@ -144,7 +153,10 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--name", default="chaos")
     args = parser.parse_args()
-    result = asyncio.run(chaos(args.minutes, args.workers))
+    try:
+        result = asyncio.run(chaos(args.minutes, args.workers))
+    finally:
+        kill_leftovers()
     path = write_result(args.name, result)
     for name, value in result.items():
         if name != "events":

@@ -37,6 +37,16 @@ PROMPTS = (
 )
 
 
+_STARTED: list[Server] = []
+
+
+def kill_leftovers() -> None:
+    """Kill the servers a run started and left running (it crashed before stopping them)."""
+    for server in _STARTED:
+        if server.process is not None and server.process.poll() is None:
+            server.kill()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -59,7 +69,9 @@ class Server:
 
     @classmethod
     def fresh(cls, *flags: str) -> Server:
-        return cls(Path(tempfile.mkdtemp(prefix="quanta-reliability-")), flags)
+        server = cls(Path(tempfile.mkdtemp(prefix="quanta-reliability-")), flags)
+        _STARTED.append(server)
+        return server
 
     @property
     def url(self) -> str:

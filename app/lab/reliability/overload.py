@@ -24,6 +24,7 @@ from app.lab.reliability.harness import (
     Server,
     Tally,
     healthz_ms,
+    kill_leftovers,
     loadavg,
     model_of,
     rss_kib,
@@ -149,7 +150,10 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--name", default="overload")
     args = parser.parse_args()
-    result = asyncio.run(overload(args.minutes, args.factor, args.workers))
+    try:
+        result = asyncio.run(overload(args.minutes, args.factor, args.workers))
+    finally:
+        kill_leftovers()
     path = write_result(args.name, result)
     for name, value in result.items():
         print(f"{name}: {value}")

@@ -23,6 +23,7 @@ from app.lab.reliability.harness import (
     Key,
     Server,
     Tally,
+    kill_leftovers,
     loadavg,
     model_of,
     rss_kib,
@@ -123,7 +124,10 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=6)
     parser.add_argument("--name", default="soak")
     args = parser.parse_args()
-    result = asyncio.run(soak(args.minutes, args.workers))
+    try:
+        result = asyncio.run(soak(args.minutes, args.workers))
+    finally:
+        kill_leftovers()
     path = write_result(args.name, result)
     shown = {k: v for k, v in result.items() if k != "samples"}
     for name, value in shown.items():
