@@ -33,10 +33,16 @@ def run(
     port: Annotated[int | None, typer.Option(help="port (0: any free port)")] = None,
     model: Annotated[Path | None, typer.Option(help="GGUF file (default: SmolLM2-135M)")] = None,
     model_name: Annotated[str | None, typer.Option(help="the model id clients send")] = None,
+    served_model_names: Annotated[
+        str | None, typer.Option(help="more model ids for it (aliases), comma-separated")
+    ] = None,
     policy: Annotated[str | None, typer.Option(help="scheduling policy")] = None,
     n_ctx: Annotated[int | None, typer.Option(help="KV cells shared by all sequences")] = None,
     n_seq_max: Annotated[int | None, typer.Option(help="engine sequence slots")] = None,
     threads: Annotated[int | None, typer.Option(help="llama.cpp threads")] = None,
+    n_gpu_layers: Annotated[
+        int | None, typer.Option(help="layers on the GPU (0: none, -1: all)")
+    ] = None,
     grace: Annotated[float | None, typer.Option(help="seconds in-flight requests get")] = None,
     log_level: Annotated[str | None, typer.Option(help="debug, info, warning…")] = None,
 ) -> None:
@@ -46,10 +52,12 @@ def run(
         "port": port,
         "model_path": model,
         "model_name": model_name,
+        "served_model_names": served_model_names,
         "policy": policy,
         "n_ctx": n_ctx,
         "n_seq_max": n_seq_max,
         "threads": threads,
+        "n_gpu_layers": n_gpu_layers,
         "grace_s": grace,
         "log_level": log_level,
     }

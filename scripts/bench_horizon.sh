@@ -7,7 +7,8 @@
 #   TURNS=1 POLICIES="horizon" scripts/bench_horizon.sh
 #
 # Environment: TURNS [2], POLICIES ["fcfs horizon"], N_CTX [2048], PORT [8093],
-# OUT [bench/results/horizon], THREADS [2], WORKLOAD [bench/workloads/kv_burst.toml].
+# OUT [bench/results/horizon], THREADS [2], WORKLOAD [bench/workloads/kv_burst.toml],
+# LABEL [kv-burst] (the results' name: <LABEL>-<policy>-t<turn>.json).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -32,7 +33,7 @@ source "$ROOT/scripts/lib_server.sh"
 trap stop_quanta_server EXIT
 
 run() {  # $1 policy, $2 turn
-    local policy="$1" label="kv-burst-$1-t$2"
+    local policy="$1" label="${LABEL:-kv-burst}-$1-t$2"
     STATE="$(mktemp -d -t quanta-horizon-XXXXXX)"
     export QUANTA_DATABASE_URL="sqlite+aiosqlite:///$STATE/quanta.db"
     export QUANTA_DATA_DIR="$STATE/data"
@@ -58,4 +59,6 @@ for turn in $(seq 1 "$TURNS"); do
         run "$policy" "$turn"
     done
 done
-"$PY" -m scripts.horizon_figures served "$OUT"
+if [[ "${LABEL:-kv-burst}" == kv-burst ]]; then
+    "$PY" -m scripts.horizon_figures served "$OUT"
+fi

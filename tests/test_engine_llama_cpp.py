@@ -424,3 +424,44 @@ def test_penalties_change_a_repetitive_greedy_answer(
     assert plain.count(plain[0]) == 3  # the plain answer repeats itself...
     assert tokens[:4] == plain[:4]
     assert tokens[4:] != plain[4:]  # ...until the penalty has grown larger than the lead
+
+
+def batched_greedy(
+    engine: LlamaCppExecutor, prompts: list[list[int]], params: list[SamplingParams], n: int
+) -> list[list[int]]:
+    """All prompts in one step, then one decode step for all of them at a time."""
+    owners = [f"g{i}-{hash(p)}" for i, p in enumerate(params)]
+    slices = [SeqSlice(i, tuple(p), 0, True, owners[i], params[i]) for i, p in enumerate(prompts)]
+    out: list[list[int]] = [[] for _ in prompts]
+    for _ in range(n):
+        for o in engine.step(StepPlan(slices=tuple(slices))).outputs:
+            out[o.seq].append(o.token)
+        slices = [
+            SeqSlice(i, (out[i][-1],), s.start_pos + len(s.tokens), True, owners[i], params[i])
+            for i, s in enumerate(slices)
+        ]
+    held = tuple(Truncate(i) for i in range(len(prompts)))
+    engine.step(StepPlan(kv_ops=held, release=tuple(owners)))
+    return out
+
+
+def test_one_argmax_per_step_picks_what_the_greedy_chain_picks(
+    engine: LlamaCppExecutor, tok: Tokenizer
+) -> None:
+    prompts = [tok.encode(p) for p in PROMPTS]
+    plain = SamplingParams(temperature=0.0)
+    # A positive bias (however small) keeps a request on llama.cpp's own sampler chain.
+    vocab_end = engine.info.n_vocab - 1
+    chain = SamplingParams(temperature=0.0, logit_bias=((vocab_end, 1e-9),))
+    fast = batched_greedy(engine, prompts, [plain] * 4, 8)
+    assert fast == batched_greedy(engine, prompts, [chain] * 4, 8)
+    # Mixed in one batch, and a banned argmax: that row falls back to its chain.
+    banned = fast[0][0]
+    ban = SamplingParams(temperature=0.0, logit_bias=((banned, float("-inf")),))
+    ban_chain = SamplingParams(
+        temperature=0.0, logit_bias=((banned, float("-inf")), (vocab_end, 1e-9))
+    )
+    mixed = batched_greedy(engine, prompts, [ban, chain, plain, chain], 4)
+    assert mixed[0][0] != banned
+    assert mixed[0] == batched_greedy(engine, prompts[:1], [ban_chain], 4)[0]
+    assert mixed[1:] == [f[:4] for f in fast[1:]]

@@ -144,3 +144,16 @@ def test_completion_prompts() -> None:
 
 def test_seeds_are_folded_into_32_bits() -> None:
     assert chat(seed=-1).sampling.seed == 0xFFFFFFFF
+
+
+def test_vllm_extensions_reach_the_sampler_chain() -> None:
+    for make in (chat, completion):
+        s = make(top_k=40, min_p=0.05, repetition_penalty=1.3, min_tokens=4, max_tokens=8).sampling
+        assert (s.top_k, s.min_p, s.repetition_penalty, s.min_tokens) == (40, 0.05, 1.3, 4)
+    off = chat(top_k=-1).sampling  # vLLM's "off"
+    assert (off.top_k, off.min_p, off.repetition_penalty, off.min_tokens) == (0, 0.0, 1.0, 0)
+
+
+def test_min_tokens_above_the_budget_is_rejected() -> None:
+    assert rejected(completion, min_tokens=17).param == "min_tokens"  # max_tokens is 16
+    assert completion(min_tokens=16).sampling.min_tokens == 16

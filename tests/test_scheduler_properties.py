@@ -74,7 +74,7 @@ actions = st.lists(
     n_seq_max=st.integers(2, 6),
     budget=st.sampled_from([8, 24, 64]),
     stash_budget=st.sampled_from([0, 64 * 1024, 1 << 30]),
-    policy=st.sampled_from(["fcfs", "static", "sequential", "vtc", "slo"]),
+    policy=st.sampled_from(["fcfs", "static", "sequential", "vtc", "slo", "horizon"]),
     cache=st.booleans(),
     slo=st.sampled_from([SloConfig(), TIGHT]),
 )

@@ -153,13 +153,18 @@ async def test_n_choices_share_the_prompt_and_match_one_greedy_choice(
 async def test_a_killed_worker_loses_no_token_and_repeats_none(
     serving: tuple[Driver, Recording], tok: Tokenizer
 ) -> None:
+    """After the restart each request is recomputed from its prompt plus exactly the tokens
+    it had streamed, and streams on from there: nothing lost, nothing sent twice.
+
+    The continuation is not compared with an uninterrupted run: llama.cpp's logits depend on
+    the batch a sequence is computed in (flash attention over the unified KV buffer), so a
+    recompute prefilled beside another sequence may take the other side of a near tie than
+    token-by-token decoding did. What the recovery owes is the context, checked exactly here.
+    """
     driver, executor = serving
     prompts = [tuple(tok.encode(SYSTEM + q)) for q in ("Count to five.", "Say hello.")]
-    reference = [
-        (await run(driver, GenerationRequest(f"ref{i}", p, 16)))[0].output_tokens
-        for i, p in enumerate(prompts)
-    ]
-    executor.kill_before_step = len(executor.plans) + 6  # mid-decode of both
+    first_plan = len(executor.plans)
+    executor.kill_before_step = first_plan + 6  # mid-decode of both
     handles = [driver.submit(GenerationRequest(f"k{i}", p, 16)) for i, p in enumerate(prompts)]
     streamed: dict[str, list[int]] = {h.request_id: [] for h in handles}
     for h in handles:
@@ -168,6 +173,20 @@ async def test_a_killed_worker_loses_no_token_and_repeats_none(
                 streamed[h.request_id].append(event.token)
     results = [(await h.results())[0] for h in handles]
     assert executor.inner.restarts == 1
-    assert [r.finish_reason for r in results] != [FinishReason.ERROR] * 2
-    assert [r.output_tokens for r in results] == reference
-    assert [streamed[f"k{i}"] for i in range(2)] == [list(t) for t in reference]
+    for i, (prompt, r) in enumerate(zip(prompts, results, strict=True)):
+        assert r.finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
+        assert streamed[f"k{i}"] == list(r.output_tokens)
+        slices = [s for p in executor.plans[first_plan:] for s in p.slices if s.owner == f"k{i}/0"]
+        # The one slice from position 0 past the prompt: the recompute after the restart.
+        recomputes = [
+            k for k, s in enumerate(slices) if s.start_pos == 0 and len(s.tokens) > len(prompt)
+        ]
+        assert len(recomputes) == 1
+        k = recomputes[0]
+        before = list(r.output_tokens[: len(slices[k].tokens) - len(prompt)])
+        assert len(before) >= 1  # killed mid-decode: some tokens had been streamed
+        assert slices[k].tokens == prompt + tuple(before)
+        assert list(slices[k].replay) == before
+        # Every slice after the recompute sampled one new token, streamed once.
+        sampled_after = sum(1 for s in slices[k:] if s.sample)
+        assert len(before) + sampled_after == r.completion_tokens  # the end token counts

@@ -7,11 +7,16 @@ from typing import Annotated, Any, Generic, Literal, TypeVar
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
+MAX_INTEGER = 2**63 - 1  # the database's integers are 64-bit
+MAX_UNIX_TIME = 253_402_300_799  # 9999-12-31T23:59:59Z: Python's datetime ends there
+MAX_ID_LENGTH = 64
+MAX_LIMIT = 10**15  # a quota past it is no quota; the sums stay far from 64 bits
+
 Name = Annotated[str, Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._@-]*$")]
 KeyName = Annotated[str, Meta(min_length=1, max_length=128)]
 Weight = Annotated[float, Meta(gt=0.0, le=1000.0)]
-Limit = Annotated[int, Meta(ge=0)]
-Seconds = Annotated[float, Meta(gt=0.0)]
+Limit = Annotated[int, Meta(ge=0, le=MAX_LIMIT)]
+Seconds = Annotated[float, Meta(gt=0.0, le=MAX_UNIX_TIME)]
 GraceSeconds = Annotated[int, Meta(ge=0, le=30 * 86_400)]
 SloClassName = Literal["interactive", "batch"]
 TenantStatus = Literal["active", "suspended"]

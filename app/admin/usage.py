@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.admin.schemas import AuditOut, Page, UsageBucket, UsagePage
 from app.db.models import AuditEntry, DailyUsage, UsageRecord
-from app.tenancy.ledger import utc_day
+from app.tenancy.ledger import PARTIAL, utc_day
 
 BucketWidth = Literal["1m", "1h", "1d"]
 GroupBy = Literal["tenant", "key", "class"]
@@ -87,6 +87,7 @@ class UsageService:
                 r.tenant_id,
                 r.key_id,
                 r.slo_class,
+                r.status,
                 r.prompt_tokens,
                 r.cached_tokens,
                 r.completion_tokens,
@@ -95,8 +96,8 @@ class UsageService:
                 q2 = q2.where(r.tenant_id == tenant_id)
             if key_id is not None:
                 q2 = q2.where(r.key_id == key_id)
-            for at, t, k, c, p, cached, o in await self._s.execute(q2):
-                add(int(at), t, k, c, 1, p, cached, o)
+            for at, t, k, c, status, p, cached, o in await self._s.execute(q2):
+                add(int(at), t, k, c, int(status != PARTIAL), p, cached, o)
         data = [
             UsageBucket(
                 start_time=g[0],

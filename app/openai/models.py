@@ -1,4 +1,4 @@
-"""``/v1/models``: the one model this server serves."""
+"""``/v1/models``: the one model this server serves, once under each of its names."""
 
 from __future__ import annotations
 
@@ -15,11 +15,12 @@ class ModelService:
 
     def list(self) -> ModelList:
         core = self._state.ready_core()
-        card = ModelCard(core.model_name, core.created, OWNER, max_model_len=core.n_ctx)
-        return ModelList([card])
+        return ModelList(
+            [ModelCard(name, core.created, OWNER, max_model_len=core.n_ctx) for name in core.names]
+        )
 
     def get(self, model_id: str) -> ModelCard:
-        card = self.list().data[0]
-        if model_id != card.id:
-            raise ModelNotFound(model_id)
-        return card
+        for card in self.list().data:
+            if card.id == model_id:
+                return card
+        raise ModelNotFound(model_id)

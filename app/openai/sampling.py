@@ -116,9 +116,19 @@ def _plan(
     max_tokens = wanted if wanted is not None else n_ctx - len(prompt)
     if len(prompt) + max(max_tokens, 1) > n_ctx:
         raise ContextLengthExceeded(n_ctx, len(prompt), max(max_tokens, 0), prompt_param)
+    if request.min_tokens > max_tokens:
+        raise InvalidParameter(
+            "min_tokens", f"min_tokens ({request.min_tokens}) exceeds max_tokens ({max_tokens})"
+        )
     sampling = SamplingParams(
         temperature=1.0 if request.temperature is None else request.temperature,
         top_p=1.0 if request.top_p is None else request.top_p,
+        top_k=max(request.top_k or 0, 0),
+        min_p=request.min_p or 0.0,
+        repetition_penalty=(
+            1.0 if request.repetition_penalty is None else request.repetition_penalty
+        ),
+        min_tokens=request.min_tokens,
         seed=None if request.seed is None else request.seed & SEED_MASK,
         presence_penalty=request.presence_penalty or 0.0,
         frequency_penalty=request.frequency_penalty or 0.0,

@@ -1,7 +1,10 @@
 """OpenAI's request and response bodies as msgspec structs.
 
-Requests are strict: an unknown field is a 400 naming it, never silently ignored. Responses
-carry one extension, ``quanta`` on a finished choice: the server's split of its latency.
+Requests are strict: an unknown field is a 400 naming it, never silently ignored. Beside
+OpenAI's fields they take the vLLM extensions that common clients send (guidellm, aiperf,
+llm-d's tools): ``top_k``, ``min_p``, ``repetition_penalty``, ``min_tokens``, ``ignore_eos`` and
+``stream_options.continuous_usage_stats``; each is honoured. Responses carry one extension,
+``quanta`` on a finished choice: the server's split of its latency.
 """
 
 from __future__ import annotations
@@ -11,11 +14,17 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
-PositiveInt = Annotated[int, Meta(ge=1)]
+MAX_INT32 = 2**31 - 1
+MAX_INT64 = 2**63 - 1
+PositiveInt = Annotated[int, Meta(ge=1, le=MAX_INT32)]
+Seed = Annotated[int, Meta(ge=-(2**63), le=MAX_INT64)]
 Temperature = Annotated[float, Meta(ge=0.0, le=2.0)]
 TopP = Annotated[float, Meta(gt=0.0, le=1.0)]
 Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]
-StopString = Annotated[str, Meta(min_length=1)]
+TopK = Annotated[int, Meta(ge=-1)]  # vLLM: -1 or 0 turn it off
+MinP = Annotated[float, Meta(ge=0.0, le=1.0)]
+RepetitionPenalty = Annotated[float, Meta(gt=0.0, le=10.0)]  # 1 is off; vLLM asks only > 0
+StopString = Annotated[str, Meta(min_length=1, max_length=1024)]
 Stop = StopString | Annotated[list[StopString], Meta(max_length=16)]
 Choices = Annotated[int, Meta(ge=1, le=16)]
 
@@ -46,6 +55,8 @@ class ChatMessageIn(_Request, kw_only=True):
 
 class StreamOptions(_Request, kw_only=True):
     include_usage: bool = False
+    # vLLM's extension: with include_usage, every chunk carries the usage so far.
+    continuous_usage_stats: bool = False
 
 
 class JsonSchemaSpec(_Request, kw_only=True):
@@ -66,15 +77,24 @@ class _Sampling(_Request, kw_only=True):
     model: str
     temperature: Temperature | None = None
     top_p: TopP | None = None
-    seed: int | None = None
+    seed: Seed | None = None
     stop: Stop | None = None
     n: Choices = 1
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
-    logit_bias: dict[str, Annotated[float, Meta(ge=-100.0, le=100.0)]] | None = None
+    logit_bias: (
+        Annotated[dict[str, Annotated[float, Meta(ge=-100.0, le=100.0)]], Meta(max_length=1024)]
+        | None
+    ) = None
     response_format: ResponseFormat | None = None
     user: str | None = None
-    ignore_eos: bool = False  # vLLM's extension
+    # vLLM's extensions
+    top_k: TopK | None = None
+    min_p: MinP | None = None
+    repetition_penalty: RepetitionPenalty | None = None
+    # no end-of-generation token before this many
+    min_tokens: Annotated[int, Meta(ge=0, le=MAX_INT32)] = 0
+    ignore_eos: bool = False
     stream: bool = False
     stream_options: StreamOptions | None = None
 
@@ -92,7 +112,7 @@ class ChatCompletionRequest(_Sampling, kw_only=True):
     top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
 
 
-TokenId = Annotated[int, Meta(ge=0)]
+TokenId = Annotated[int, Meta(ge=0, le=MAX_INT32)]
 # One prompt: text, or token ids; a list of one text or one token-id list is accepted too.
 # (msgspec allows one array type per union, so the list's shape is checked in sampling.py.)
 Prompt = str | Annotated[list[str | TokenId | list[TokenId]], Meta(min_length=1)]

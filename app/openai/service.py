@@ -32,7 +32,7 @@ class CompletionService:
 
     def _core(self, model: str) -> Core:
         core = self._state.ready_core()
-        if model != core.model_name:
+        if model not in core.names:
             raise ModelNotFound(model)
         return core
 
@@ -72,8 +72,13 @@ class CompletionService:
         if not request.stream:
             choices = await unless_disconnected(receive, _collect(updates, request.n))
             return Response(renderer.whole(choices, generation.usage()))
-        include_usage = request.stream_options is not None and request.stream_options.include_usage
-        stream = event_stream(generation, updates, renderer, include_usage=include_usage)
+        options = request.stream_options
+        include_usage = options is not None and options.include_usage
+        # As vLLM: continuous usage only together with include_usage.
+        continuous = include_usage and options is not None and options.continuous_usage_stats
+        stream = event_stream(
+            generation, updates, renderer, include_usage=include_usage, continuous_usage=continuous
+        )
         return Stream(stream, media_type="text/event-stream", headers=SSE_HEADERS)
 
 

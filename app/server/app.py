@@ -11,7 +11,10 @@ from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import SwaggerRenderPlugin
 
 from app.admin.routes import ADMIN_CONTROLLERS
+from app.admin.ui.plugin import LiveViewPlugin
 from app.openai.routes import CompletionsController, ModelsController
+from app.server.allow import allow_middleware
+from app.server.api_doc import FinishedJsonPlugin
 from app.server.core import Core, CoreFactory
 from app.server.errors import EXCEPTION_HANDLERS
 from app.server.health import HealthController
@@ -55,7 +58,8 @@ def create_app(
         ],
         dependencies={"server": provide(state), "metrics": provide(metrics)},
         exception_handlers=EXCEPTION_HANDLERS,
-        middleware=[request_id_middleware, tenancy_middleware],
+        plugins=[LiveViewPlugin()],
+        middleware=[request_id_middleware, tenancy_middleware, allow_middleware],
         # Exited in reverse: in-flight requests drain first, then the ledger is flushed.
         lifespan=[tenancy.lifespan, lifecycle.lifespan],
         request_max_body_size=settings.max_body_bytes,
@@ -64,7 +68,7 @@ def create_app(
             version=VERSION,
             description="An OpenAI-compatible LLM inference server with a scheduler core.",
             path="/docs",
-            render_plugins=[SwaggerRenderPlugin()],
+            render_plugins=[SwaggerRenderPlugin(), FinishedJsonPlugin()],
         ),
         state=State({"lifecycle": lifecycle, "tenancy": tenancy}),
     )

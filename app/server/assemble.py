@@ -102,6 +102,8 @@ def build_core(settings: Settings) -> Core:
             tenants=tuple(
                 (t.tenant, t.slo_class, t.counter, t.waiting, t.running) for t in s.tenants
             ),
+            block_size=scheduler.kv.block_size,
+            num_blocks=scheduler.kv.num_blocks,
         )
 
     def close() -> None:
@@ -118,4 +120,6 @@ def build_core(settings: Settings) -> Core:
         grammars=LlamaGrammars(),
         stats=stats,
         close=close,
+        aliases=settings.model_aliases(),
+        snapshot=driver.snapshot,
     )

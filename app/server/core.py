@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 from app.server.settings import Settings
 from quanta_core.requests import ChoiceFinished, ChoiceResult, GenerationRequest, TokenEvent
+from quanta_core.scheduler.snapshot import SchedulerSnapshot
 
 
 class Detokenizer(Protocol):
@@ -55,6 +56,8 @@ class CoreStats:
     waiting_by_class: tuple[tuple[str, int], ...] = ()  # (class, waiting)
     # fair policies: (tenant, class, virtual token counter, waiting, running)
     tenants: tuple[tuple[str, str, float, int, int], ...] = ()
+    block_size: int = 0  # tokens per KV block
+    num_blocks: int = 0  # KV blocks in the pool
 
 
 class Driver(Protocol):
@@ -90,6 +93,13 @@ class Core:
     grammars: Grammars
     stats: Callable[[], CoreStats]
     close: Callable[[], None]  # stops the engine worker (after ``driver.stop``)
+    aliases: tuple[str, ...] = ()  # more names clients may send for the model
+    # What the scheduler is doing now, for the live view (None: a core that cannot tell).
+    snapshot: Callable[[], SchedulerSnapshot] | None = None
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return (self.model_name, *self.aliases)
 
 
 CoreFactory = Callable[[Settings], Core]

@@ -18,6 +18,8 @@ from litestar.status_codes import (
     HTTP_503_SERVICE_UNAVAILABLE,
 )
 from litestar.types import ExceptionHandlersMap
+from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from app.openai.schemas import ErrorBody, ErrorResponse
 from app.server.request_id import HEADER, shown_request_id
@@ -100,6 +102,16 @@ class Overloaded(ApiError):
 
     def __init__(self, why: str) -> None:
         super().__init__(why, code="overloaded", headers={"retry-after": "1"})
+
+
+class DatabaseUnavailable(ApiError):
+    """The database cannot be reached, is locked past its busy timeout, or is full."""
+
+    status_code = HTTP_503_SERVICE_UNAVAILABLE
+    type = UNAVAILABLE
+
+    def __init__(self, why: str = "the database is unavailable; try again shortly") -> None:
+        super().__init__(why, code="database_unavailable", headers={"retry-after": "5"})
 
 
 class GenerationFailed(ApiError):
@@ -218,6 +230,15 @@ def _http(request: Request[Any, Any, Any], exc: HTTPException) -> Response[Error
     return to_response(error, request)
 
 
+def _database(request: Request[Any, Any, Any], exc: Exception) -> Response[ErrorResponse]:
+    """A database that went away (stopped, locked, disk full) is a 503, not a bug; a broken
+    constraint is one."""
+    if isinstance(exc, IntegrityError):
+        return _unexpected(request, exc)
+    log.warning("database unavailable: %s", str(exc).splitlines()[0])
+    return to_response(DatabaseUnavailable(), request)
+
+
 def _unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[ErrorResponse]:
     log.exception("unhandled error", exc_info=exc)
     error = ApiError("internal server error", code="internal_error")
@@ -229,5 +250,8 @@ EXCEPTION_HANDLERS: ExceptionHandlersMap = {
     ApiError: _api_error,
     ValidationException: _validation,
     HTTPException: _http,
+    DBAPIError: _database,
+    PoolTimeout: _database,
+    ConnectionError: _database,  # a PostgreSQL that refuses connections
     Exception: _unexpected,
 }

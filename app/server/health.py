@@ -18,6 +18,11 @@ class Health(msgspec.Struct):
     error: str | None = None
 
 
+def _readiness(server: ServerState) -> Response[Health]:
+    code = HTTP_200_OK if server.status is Status.READY else HTTP_503_SERVICE_UNAVAILABLE
+    return Response(Health(server.status.value, server.error), status_code=code)
+
+
 class HealthController(Controller):
     tags = ("Operations",)
 
@@ -28,8 +33,12 @@ class HealthController(Controller):
 
     @get("/readyz", summary="Readiness: 200 only once the model is loaded and the engine is up")
     async def readyz(self, server: NamedDependency[ServerState]) -> Response[Health]:
-        code = HTTP_200_OK if server.status is Status.READY else HTTP_503_SERVICE_UNAVAILABLE
-        return Response(Health(server.status.value, server.error), status_code=code)
+        return _readiness(server)
+
+    # Clients written for vLLM or llama-server (guidellm, llm-d) check this path first.
+    @get("/health", summary="Readiness under vLLM's and llama-server's path (as /readyz)")
+    async def health(self, server: NamedDependency[ServerState]) -> Response[Health]:
+        return _readiness(server)
 
     @get("/metrics", summary="Prometheus metrics", media_type=PROMETHEUS)
     async def metrics(self, metrics: NamedDependency[Metrics]) -> Response[bytes]:

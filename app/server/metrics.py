@@ -2,6 +2,11 @@
 
 Gauges and counters of the scheduler are read from the core at scrape time; latency
 histograms are observed here as each choice finishes, labelled by tenant and class.
+
+The gauges an llm-d / Gateway API Inference Extension endpoint picker reads by default are
+also exported under vLLM's names, with the same values (docs/model-server-protocol.md):
+``vllm:num_requests_waiting``, ``vllm:num_requests_running``, ``vllm:kv_cache_usage_perc`` and
+``vllm:cache_config_info{block_size,num_gpu_blocks}``.
 """
 
 from __future__ import annotations
@@ -27,15 +32,25 @@ class _CoreCollector(Collector):
 
     def collect(self) -> Iterable[Metric]:
         stats = self._stats() or CoreStats()
-        yield GaugeMetricFamily(
-            "quanta:num_requests_running", "Requests with KV in the engine.", stats.running
+        for prefix in ("quanta", "vllm"):
+            yield GaugeMetricFamily(
+                f"{prefix}:num_requests_running", "Requests with KV in the engine.", stats.running
+            )
+            yield GaugeMetricFamily(
+                f"{prefix}:num_requests_waiting", "Requests queued for admission.", stats.waiting
+            )
+            yield GaugeMetricFamily(
+                f"{prefix}:kv_cache_usage_perc",
+                "Fraction of KV blocks in use (0..1).",
+                stats.kv_usage,
+            )
+        cache = GaugeMetricFamily(
+            "vllm:cache_config_info",
+            "The KV cache's geometry, in the labels (always 1).",
+            labels=["block_size", "num_gpu_blocks"],
         )
-        yield GaugeMetricFamily(
-            "quanta:num_requests_waiting", "Requests queued for admission.", stats.waiting
-        )
-        yield GaugeMetricFamily(
-            "quanta:kv_cache_usage_perc", "Fraction of KV blocks in use (0..1).", stats.kv_usage
-        )
+        cache.add_metric([str(stats.block_size), str(stats.num_blocks)], 1.0)
+        yield cache
         yield CounterMetricFamily(
             "quanta:prefix_cache_hits",
             "Prompt tokens served from the prefix cache.",

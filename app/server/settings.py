@@ -9,10 +9,12 @@ from __future__ import annotations
 import importlib.util
 import os
 from pathlib import Path
+from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import (
     BaseSettings,
+    NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     TomlConfigSettingsSource,
@@ -68,9 +70,33 @@ class Settings(BaseSettings):
     model_name: str | None = Field(
         default=None, description="the model id clients send; default: the file's stem"
     )
+    # As vLLM's --served-model-name with several names: /v1/models lists them all and a
+    # request naming any of them is served; responses name the model by model_name.
+    served_model_names: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=(),
+        description="more model ids for the same model (aliases), comma-separated in the env",
+    )
     n_ctx: int = Field(default=8192, ge=64, description="KV cells shared by all sequences")
-    n_seq_max: int = Field(default=64, ge=1, le=256, description="engine sequence slots")
+    n_seq_max: int = Field(
+        default=64, ge=1, le=256, description="engine sequence slots (up to 256 on a GPU)"
+    )
     n_batch: int = Field(default=512, ge=1, description="most tokens in one engine pass")
+    n_ubatch: int = Field(
+        default=512,
+        ge=1,
+        description="most tokens llama.cpp computes at once inside one pass (at most n_batch)",
+    )
+    # GPU offload needs a llama-cpp-python built with a GPU backend (bench/results/gpu/README.md
+    # says how it is built for the H200); the defaults are the CPU engine's.
+    n_gpu_layers: int = Field(
+        default=0,
+        ge=-1,
+        description="model layers (and their KV cache) placed on the GPU: 0 none (CPU), -1 all",
+    )
+    flash_attn: Literal["auto", "on", "off"] = Field(
+        default="auto",
+        description="llama.cpp flash attention: auto (on where the backend supports it), on, off",
+    )
     # A small budget lets running streams decode between prefill chunks: earlier first tokens
     # for a crowd and more tokens/s, for a larger inter-token gap while prompts are prefilled
     # (bench/results/twenty_at_once_core.json).
@@ -134,6 +160,11 @@ class Settings(BaseSettings):
         default=30.0, ge=0, description="on SIGINT/SIGTERM: how long in-flight requests may finish"
     )
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024, description="larger is a 413")
+    ledger_outage_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="with the database away this long, new requests get 503 (usage unrecorded)",
+    )
     omp_spincount: int | None = Field(
         default=3000,
         ge=0,
@@ -170,6 +201,15 @@ class Settings(BaseSettings):
             raise ValueError(f"model file not found: {value}")
         return value
 
+    @field_validator("served_model_names", mode="before")
+    @classmethod
+    def _names(cls, value: object) -> object:
+        if isinstance(value, str):
+            value = [name.strip() for name in value.split(",")]
+        if isinstance(value, list | tuple) and not all(isinstance(n, str) and n for n in value):
+            raise ValueError("model names must be non-empty strings")
+        return value
+
     @field_validator("admin_key", "secret_key")
     @classmethod
     def _long_enough(cls, value: SecretStr | None) -> SecretStr | None:
@@ -200,13 +240,21 @@ class Settings(BaseSettings):
     def served_model_name(self) -> str:
         return self.model_name or self.resolved_model_path().stem
 
+    def model_aliases(self) -> tuple[str, ...]:
+        """The other names of the model, without the primary one or repeats."""
+        primary = self.served_model_name()
+        return tuple(dict.fromkeys(n for n in self.served_model_names if n != primary))
+
     def engine_config(self) -> EngineConfig:
         return EngineConfig(
             model_path=str(self.resolved_model_path()),
             n_ctx=self.n_ctx,
             n_seq_max=self.n_seq_max,
             n_batch=self.n_batch,
+            n_ubatch=min(self.n_ubatch, self.n_batch),
             threads=self.threads,
+            n_gpu_layers=self.n_gpu_layers,
+            flash_attn=self.flash_attn,
             omp_spincount=self.omp_spincount,
             reply_spin_s=self.reply_spin_s,
             call_spin_s=self.call_spin_s,

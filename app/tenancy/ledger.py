@@ -1,13 +1,19 @@
 """The usage ledger, written in batches off the request path.
 
     request ends ─▶ record(row), a list append
+    in flight    ─▶ watch(progress): each flush asks it for what it served since the last
     authenticated ─▶ touch(key, t)
                      every 0.5 s or 500 rows, one transaction:
                        ├ usage_ledger += the rows
                        ├ usage_daily  += the rows summed per UTC day, tenant, key, class
                        └ api_keys.last_used_at
-``stop()`` flushes what is left, so a clean shutdown loses nothing. A failed flush keeps its
-rows for the next one.
+
+A request's service is the sum of its rows: ``partial`` rows while it streams (tokens served
+since the previous flush; counted as no request), then one row with its final status and
+the rest. So a ``kill -9`` of the server loses at most what was served in the last flush
+interval (``every_s``); at the next start ``close_interrupted`` gives each request left
+with only partial rows its closing ``interrupted`` row. ``stop()`` flushes what is left, so
+a clean shutdown loses nothing. A failed flush keeps its rows for the next one.
 """
 
 from __future__ import annotations
@@ -17,10 +23,11 @@ import contextlib
 import logging
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import cast
+from typing import Protocol, cast
 
-from sqlalchemy import Table, bindparam, insert, select, update
+from sqlalchemy import Table, bindparam, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.db.models import ApiKey, DailyUsage, UsageRecord
@@ -46,6 +53,15 @@ class UsageRow:
     finished_at: float
 
 
+PARTIAL = "partial"  # a streaming request's tokens so far; its final row counts the request
+INTERRUPTED = "interrupted"  # the server died while it was in flight
+
+
+class Progress(Protocol):
+    def progress(self) -> UsageRow | None:
+        """The service since the last call, as a partial row; ``None`` if nothing new."""
+
+
 def utc_day(t: float) -> str:
     return time.strftime("%Y-%m-%d", time.gmtime(t))
 
@@ -57,12 +73,16 @@ class LedgerWriter:
         *,
         every_s: float = 0.5,
         max_batch: int = 500,
+        clock: Callable[[], float] = time.time,
     ) -> None:
+        self._clock = clock
         self._sessions = sessions
         self._every_s = every_s
         self._max_batch = max_batch
         self._rows: list[UsageRow] = []
         self._touched: dict[str, float] = {}
+        self._watched: dict[int, Progress] = {}
+        self.failing_since: float | None = None  # the first failed flush of an outage
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
@@ -71,6 +91,12 @@ class LedgerWriter:
         self._rows.append(row)
         if len(self._rows) >= self._max_batch:
             self._wake.set()
+
+    def watch(self, progress: Progress) -> None:
+        self._watched[id(progress)] = progress
+
+    def unwatch(self, progress: Progress) -> None:
+        self._watched.pop(id(progress), None)
 
     def touch(self, key_id: str, at: float) -> None:
         self._touched[key_id] = at
@@ -98,10 +124,21 @@ class LedgerWriter:
             try:
                 await self.flush()
             except Exception:
-                log.exception("ledger flush failed; will retry")
+                if self.failing_since is None:
+                    self.failing_since = self._clock()
+                    log.exception("ledger flush failed; keeping the rows, retrying")
+            else:
+                if self.failing_since is not None:
+                    log.warning(
+                        "ledger written again after %.1f s", time.time() - self.failing_since
+                    )
+                self.failing_since = None
 
     async def flush(self) -> None:
         async with self._lock:
+            for progress in list(self._watched.values()):
+                if (row := progress.progress()) is not None:
+                    self._rows.append(row)
             rows, self._rows = self._rows, []
             touched, self._touched = self._touched, {}
             if not rows and not touched:
@@ -131,7 +168,7 @@ async def _roll_up(session: AsyncSession, rows: list[UsageRow]) -> None:
     sums: dict[tuple[str, str, str, str], list[int]] = defaultdict(lambda: [0, 0, 0, 0, 0])
     for r in rows:
         s = sums[(utc_day(r.started_at), r.tenant_id, r.key_id, r.slo_class)]
-        s[0] += 1
+        s[0] += r.status != PARTIAL
         s[1] += r.prompt_tokens
         s[2] += r.cached_tokens
         s[3] += r.completion_tokens
@@ -181,3 +218,40 @@ async def _roll_up(session: AsyncSession, rows: list[UsageRow]) -> None:
 
 
 _SUMMED = ("requests", "prompt_tokens", "cached_tokens", "completion_tokens", "charged_tokens")
+
+
+async def close_interrupted(sessions: async_sessionmaker[AsyncSession], now: float) -> int:
+    """Give every request that has partial rows and no final one an ``interrupted`` row
+    (no tokens: they are in its partial rows); the number closed."""
+    r = UsageRecord
+    async with sessions() as session:
+        final = select(r.request_id).where(r.status != PARTIAL)
+        open_ = await session.execute(
+            select(r.request_id, r.tenant_id, r.key_id, r.slo_class, func.min(r.started_at))
+            .where(r.status == PARTIAL, r.request_id.not_in(final))
+            .group_by(r.request_id, r.tenant_id, r.key_id, r.slo_class)
+        )
+        rows = [
+            UsageRow(
+                request_id,
+                tenant_id,
+                key_id,
+                slo_class,
+                INTERRUPTED,
+                0,
+                0,
+                0,
+                0,
+                None,
+                None,
+                None,
+                started_at,
+                now,
+            )
+            for request_id, tenant_id, key_id, slo_class, started_at in open_
+        ]
+    if rows:
+        async with sessions.begin() as session:
+            await session.execute(insert(UsageRecord), [asdict(row) for row in rows])
+            await _roll_up(session, rows)
+    return len(rows)

@@ -10,11 +10,12 @@ the counters from the ledger, starts the ledger writer; stopping flushes the led
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sqlalchemy import func, select
@@ -22,17 +23,21 @@ from sqlalchemy import func, select
 from app.db.engine import make_engine, make_sessionmaker
 from app.db.migrate import check_at_head
 from app.db.models import AdminCredential, DailyUsage, UsageRecord
-from app.server.errors import InvalidApiKey, RateLimited, TenantSuspended
+from app.server.errors import DatabaseUnavailable, InvalidApiKey, RateLimited, TenantSuspended
 from app.server.settings import Settings
 from app.tenancy.directory import Directory, KeyView, TenantView
 from app.tenancy.keys import KeyHasher, load_secret, same_digest, sha256_hex
-from app.tenancy.ledger import LedgerWriter, UsageRow, utc_day
+from app.tenancy.ledger import PARTIAL, LedgerWriter, UsageRow, close_interrupted, utc_day
 from app.tenancy.limiter import MINUTE, Charge, Limiter, Remaining, Scope
 from app.tenancy.limits import UNLIMITED, Denial, duration
 
+log = logging.getLogger("quanta.tenancy")
+
 NEGATIVE_TTL_S = 5.0  # an unknown key is looked up in the DB at most this often
 NEGATIVE_MAX = 10_000
-NOT_COUNTED = ("rejected",)  # statuses whose request does not count against RPM
+# Statuses whose row does not count a request against RPM (a partial row's request is
+# counted by its final row).
+NOT_COUNTED = ("rejected", PARTIAL)
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +123,7 @@ class Tenancy:
         self.hasher = KeyHasher(load_secret(settings))
         self.directory = Directory()
         self.limiter = Limiter()
-        self.ledger = LedgerWriter(self.sessions)
+        self.ledger = LedgerWriter(self.sessions, clock=clock)
         self.admin_hash: str | None = None
         self._unknown: dict[str, float] = {}
 
@@ -140,6 +145,9 @@ class Tenancy:
                 self.admin_hash = await session.scalar(
                     select(AdminCredential.hashed).order_by(AdminCredential.id.desc()).limit(1)
                 )
+        closed = await close_interrupted(self.sessions, self.clock())
+        if closed:
+            log.warning("%d requests were in flight when the server last died", closed)
         await self.rebuild_counters()
         self.ledger.start()
 
@@ -222,6 +230,11 @@ class Tenancy:
 
     def reserve(self, principal: Principal, request_id: str, tokens: int) -> Reservation:
         now = self.clock()
+        down = self.ledger.failing_since
+        if down is not None and now - down > self.settings.ledger_outage_s:
+            # Known keys were served from memory this long; past it, service would go
+            # unrecorded for longer than the operator allowed.
+            raise DatabaseUnavailable("the usage ledger cannot be written; try again shortly")
         scopes = principal.scopes()
         denial = self.limiter.check(scopes, tokens, now)
         if denial is not None:
@@ -253,35 +266,52 @@ class Reservation:
         self._request_id = request_id
         self._charge = charge
         self._outcome: Callable[[], Outcome] | None = None
+        self._written = (0, 0, 0)  # prompt, cached, completion tokens in partial rows
 
     def bind(self, outcome: Callable[[], Outcome]) -> None:
         self._outcome = outcome
+        self._tenancy.ledger.watch(self)
+
+    def progress(self) -> UsageRow | None:
+        """The tokens served since the last partial row (the ledger asks at each flush)."""
+        if self._charge.settled or self._outcome is None:
+            return None
+        out = self._outcome()
+        if out.completion_tokens == self._written[2] or out.status == "rejected":
+            return None
+        return self._row(replace(out, status=PARTIAL), self._tenancy.clock())
 
     def close(self) -> None:
         if self._charge.settled:
             return
         t = self._tenancy
+        t.ledger.unwatch(self)
         now = t.clock()
         out = self._outcome() if self._outcome is not None else NOTHING_SERVED
         served = out.status != "rejected" and self._outcome is not None
         charged = out.prompt_tokens + out.completion_tokens if served else 0
         t.limiter.settle(self._charge, charged, now, count_request=served)
+        t.ledger.record(self._row(out, now, charged=served))
+
+    def _row(self, out: Outcome, now: float, charged: bool = True) -> UsageRow:
+        """``out`` less what the partial rows already hold; they then hold all of it."""
+        p0, c0, o0 = self._written
+        self._written = (out.prompt_tokens, out.cached_tokens, out.completion_tokens)
+        prompt, completion = out.prompt_tokens - p0, out.completion_tokens - o0
         key = self._principal.key
-        t.ledger.record(
-            UsageRow(
-                request_id=self._request_id,
-                tenant_id=key.tenant_id,
-                key_id=key.id,
-                slo_class=key.slo_class.value,
-                status=out.status,
-                prompt_tokens=out.prompt_tokens,
-                cached_tokens=out.cached_tokens,
-                completion_tokens=out.completion_tokens,
-                charged_tokens=charged,
-                queue_s=out.queue_s,
-                ttft_s=out.ttft_s,
-                duration_s=now - self._charge.at,
-                started_at=self._charge.at,
-                finished_at=now,
-            )
+        return UsageRow(
+            request_id=self._request_id,
+            tenant_id=key.tenant_id,
+            key_id=key.id,
+            slo_class=key.slo_class.value,
+            status=out.status,
+            prompt_tokens=prompt,
+            cached_tokens=out.cached_tokens - c0,
+            completion_tokens=completion,
+            charged_tokens=prompt + completion if charged else 0,
+            queue_s=out.queue_s,
+            ttft_s=out.ttft_s,
+            duration_s=now - self._charge.at,
+            started_at=self._charge.at,
+            finished_at=now,
         )

@@ -13,6 +13,13 @@ class EngineConfig:
     n_batch: int = 512  # most tokens in one llama_decode
     n_ubatch: int = 512
     threads: int = 2
+    # GPU offload (a llama.cpp built with a GPU backend). 0 keeps every layer on the CPU,
+    # -1 offloads all of them; the KV cache follows its layer onto the GPU.
+    n_gpu_layers: int = 0
+    # Flash attention: "auto" (llama.cpp's default: on where the backend supports it), "on",
+    # "off". On a GPU it keeps attention over the one unified KV buffer from growing with
+    # every sequence's padding.
+    flash_attn: str = "auto"
     # One unified KV buffer: required for llama_memory_seq_cp of a partial prefix. Every
     # sequence then attends over the shared buffer, which costs attention time at long contexts.
     kv_unified: bool = True

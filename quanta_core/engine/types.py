@@ -21,10 +21,12 @@ class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True):
     seed: int | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0  # llama.cpp's penalty_repeat: 1 is off
     penalty_last_n: int = 64  # how many recent tokens the penalties look at
     logit_bias: tuple[tuple[int, float], ...] = ()
     grammar: str | None = None  # GBNF, root rule "root"
     ignore_eos: bool = False  # end-of-generation tokens get -inf
+    min_tokens: int = 0  # end-of-generation tokens get -inf until this many were sampled
     logprobs: int | None = None  # None: none; 0: the sampled token's; k: also the top k
 
     @property

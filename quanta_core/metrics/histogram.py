@@ -45,8 +45,11 @@ def nearest_rank(sorted_values: np.ndarray, p: float) -> float:
     return float(sorted_values[rank - 1])
 
 
-def distribution(seconds: Iterable[float]) -> Distribution:
-    values = np.sort(np.fromiter(seconds, dtype=np.float64))
+def distribution(seconds: Iterable[float] | np.ndarray) -> Distribution:
+    if isinstance(seconds, np.ndarray):
+        values = np.sort(seconds.astype(np.float64, copy=False))
+    else:
+        values = np.sort(np.fromiter(seconds, dtype=np.float64))
     n = len(values)
     if n == 0:
         return Distribution(0, None, None, None, None, None)

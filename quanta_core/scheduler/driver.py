@@ -7,6 +7,7 @@
     results = await handle.results()
     driver.cancel(request_id)                          # freed at the next cycle boundary
     driver.stats()                                     # SchedulerStats, read-only
+    driver.snapshot()                                  # SchedulerSnapshot, for the live view
     await driver.stop(grace_s=5.0)
 
 ``Driver(scheduler: Scheduler, executor: Executor, clock: Clock)``. The scheduler runs in
@@ -30,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
@@ -42,6 +44,7 @@ from quanta_core.requests import ChoiceFinished, FinishReason, GenerationRequest
 from quanta_core.scheduler.admission import AdmissionDecision, Refused
 from quanta_core.scheduler.handle import Event, RequestHandle
 from quanta_core.scheduler.scheduler import Scheduler, SchedulerStats
+from quanta_core.scheduler.snapshot import STEPS_KEPT, SchedulerSnapshot, Step
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -64,6 +67,8 @@ class Driver:
         self._from_loop = executor if isinstance(executor, SteppedFromLoop) else None
         self._closing = False
         self._failure: str | None = None
+        # The live view's only cost per step: one bounded append, summed only when asked.
+        self._steps: deque[Step] = deque(maxlen=STEPS_KEPT)
 
     async def start(self) -> None:
         if self._task is not None:
@@ -101,6 +106,9 @@ class Driver:
 
     def stats(self) -> SchedulerStats:
         return self.scheduler.stats()
+
+    def snapshot(self) -> SchedulerSnapshot:
+        return self.scheduler.snapshot(self._steps)
 
     async def stop(self, grace_s: float) -> None:
         """Admit nothing new; give in-flight requests ``grace_s`` to finish, then fail them."""
@@ -163,6 +171,7 @@ class Driver:
             log.error("the engine refused a plan (a scheduler bug): %s", exc)
             self._dispatch(sched.on_plan_rejected(plan, str(exc)))
             return
+        self._steps.append((self.clock.now(), plan, result))
         await self._hand_over(self._dispatch(sched.update(plan, result)))
 
     async def _hand_over(self, handles: list[RequestHandle]) -> None:

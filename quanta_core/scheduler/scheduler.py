@@ -19,6 +19,7 @@ once (the policy's ``on_submit``): start, queue, or reject, possibly shedding qu
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from quanta_core.clock import Clock
@@ -47,6 +48,14 @@ from quanta_core.scheduler.handle import Event
 from quanta_core.scheduler.policies import make_policy
 from quanta_core.scheduler.policies.base import StartDecision, TenantStats
 from quanta_core.scheduler.preemption import PreemptionCosts, PreemptMode
+from quanta_core.scheduler.snapshot import (
+    ChoiceView,
+    DecisionLog,
+    SchedulerSnapshot,
+    Step,
+    block_map,
+    step_rates,
+)
 
 # Reasons whose KV is sound and worth keeping in the prefix cache.
 _CACHEABLE = frozenset({FinishReason.STOP, FinishReason.LENGTH, FinishReason.CANCELLED})
@@ -133,6 +142,7 @@ class Scheduler:
         self._admitting = True
         self.num_preemptions = 0
         self.engine_deaths = 0
+        self.decisions = DecisionLog()  # one record per request, for the live view
 
     # ---- the public face ----
 
@@ -148,6 +158,7 @@ class Scheduler:
             if reason is not None
             else self.policy.on_submit(choices, self._running, self.base_limits)
         )
+        self.decisions.record(now, choices[0], verdict, len(self.policy.waiting))
         if verdict.decision is AdmissionDecision.REJECT:
             for r in choices:
                 self._finish(
@@ -171,14 +182,10 @@ class Scheduler:
         group = self._groups[request_id]
         if any(r.first_scheduled is not None or r.preemptions for r in group):
             raise RuntimeError(f"the policy shed {request_id}, which has run")
+        reason = "shed from the queue under overload to make room for interactive traffic"
+        self.decisions.shed(self.clock.now(), group[0], reason)
         for r in group:
-            self._finish(
-                r,
-                FinishReason.REJECTED,
-                "shed from the queue under overload to make room for interactive traffic",
-                RejectionKind.OVERLOADED,
-                retry_after_s,
-            )
+            self._finish(r, FinishReason.REJECTED, reason, RejectionKind.OVERLOADED, retry_after_s)
 
     def cancel(self, request_id: str) -> bool:
         """Cancel at the next cycle boundary; ``False`` if no such request is live."""
@@ -239,6 +246,23 @@ class Scheduler:
             engine_deaths=self.engine_deaths,
             waiting_by_class=tuple(sorted(by_class.items())),
             tenants=self.policy.tenant_stats(self._running),
+        )
+
+    def snapshot(self, steps: Iterable[Step] = ()) -> SchedulerSnapshot:
+        """The queues, the running set, the block map and the recent decisions, as plain
+        data (``steps``: the driver's recent ones, for the step rates)."""
+        now = self.clock.now()
+        waiting = sorted(self.policy.waiting, key=lambda r: (r.order, r.index))
+        return SchedulerSnapshot(
+            now=now,
+            policy=self.policy.name.value,
+            block_size=self.kv.block_size,
+            blocks=block_map(self.kv.pool.blocks),
+            running=tuple(ChoiceView.of(r, now) for r in self._running),
+            waiting=tuple(ChoiceView.of(r, now) for r in waiting),
+            tenants=self.policy.tenant_stats(self._running),
+            decisions=self.decisions.latest(),
+            rates=step_rates(steps, now),
         )
 
     def check_integrity(self) -> None:

@@ -34,7 +34,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from app.lab.bench.report import package_version
-from app.lab.calibrate.grid import FULL, QUICK, GridRunner, Point, build_grid, visit_order
+from app.lab.calibrate.grid import FULL, GPU, QUICK, GridRunner, Point, build_grid, visit_order
 from app.lab.calibrate.probe import (
     PARTS,
     ProbeResult,
@@ -123,7 +123,9 @@ def measurement_meta(
         "eog_tokens": list(info.eog_tokens),
         "model_desc": info.model_name,
         "token_budget": budget,
-        "grid": "quick" if quick else "full",
+        "grid": "quick" if quick else "gpu" if settings.n_gpu_layers != 0 else "full",
+        "n_gpu_layers": settings.n_gpu_layers,
+        "flash_attn": settings.flash_attn,
         "repeats": repeats,
         "order": "each context filled once; then repeat-major passes, each shuffled (seed 0)",
         "llama_cpp_python": package_version("llama-cpp-python"),
@@ -171,7 +173,7 @@ def measure(
     from app.server.assemble import scheduler_config
     from quanta_core.engine.llama_cpp.executor import LlamaCppExecutor
 
-    spec = QUICK if quick else FULL
+    spec = QUICK if quick else GPU if settings.n_gpu_layers != 0 else FULL
     runs = repeats if repeats is not None else spec.repeats
     config = scheduler_config(settings)
     _warn_if_busy()

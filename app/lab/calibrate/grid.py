@@ -106,6 +106,20 @@ FULL = GridSpec(
     repeats=4,
     probe_every=40,  # about twice a pass: ~4 s every ~25 s
 )
+# A GPU engine (n_gpu_layers != 0) runs up to 256 sequences a step: batches and held cells
+# reach what it serves; its steps take milliseconds, so the larger grid costs minutes.
+GPU = GridSpec(
+    contexts=(64, 256, 1024, 2048),
+    batches=(1, 4, 16, 32, 64, 128, 256),
+    prefill_starts=(0, 256, 1024, 2048),
+    prefill_chunks=(16, 64, 256, 512),
+    mixed_batches=(2, 8, 32, 128),
+    idle_batches=(1, 16, 64),
+    idle_cells=(512, 2048, 8192),
+    max_held=16384,
+    repeats=4,
+    probe_every=40,
+)
 QUICK = GridSpec(
     contexts=(32, 256),
     batches=(1, 4, 16),

@@ -32,7 +32,7 @@ from quanta_core.scheduler import PolicyName, SchedulerConfig
 from quanta_core.workload import WorkloadError, WorkloadSpec
 
 # A rate is swept, the knobs keep the server's defaults unless given.
-DEFAULT_POLICIES = ("sequential", "static", "fcfs", "vtc", "slo")
+DEFAULT_POLICIES = ("sequential", "static", "fcfs", "vtc", "slo", "horizon")
 # Sized for the default workload on the 2-core reference machine, whose capacity for it is
 # about 0.6 requests/s: from light load to twice overload.
 DEFAULT_RATES = (0.15, 0.3, 0.45, 0.6, 0.75, 0.9, 1.05, 1.2)

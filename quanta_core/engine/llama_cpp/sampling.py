@@ -40,13 +40,13 @@ def build_chain(n_vocab: int, eog: Iterable[int], params: SamplingParams) -> Any
             *(llama_cpp.llama_logit_bias(token, bias) for token, bias in biases)
         )
         add(chain, llama_cpp.llama_sampler_init_logit_bias(n_vocab, len(biases), array))
-    if params.presence_penalty or params.frequency_penalty:
+    if params.presence_penalty or params.frequency_penalty or params.repetition_penalty != 1.0:
         add(
             chain,
             llama_cpp.llama_sampler_init_penalties(
                 n_vocab,
                 params.penalty_last_n,
-                1.0,
+                params.repetition_penalty,
                 params.frequency_penalty,
                 params.presence_penalty,
             ),
@@ -67,9 +67,17 @@ def build_chain(n_vocab: int, eog: Iterable[int], params: SamplingParams) -> Any
 
 
 class Sampler:
-    """One request's sampler: a chain, and a grammar checked lazily when there is one."""
+    """One request's sampler: a chain, and a grammar checked lazily when there is one.
+
+    ``min_tokens``: until that many tokens were accepted, the end-of-generation tokens' logits
+    are set to -inf in the step's logits before the draw (the chain itself cannot change).
+    """
 
     def __init__(self, vocab: Any, n_vocab: int, eog: Iterable[int], params: SamplingParams):
+        eog = tuple(eog)
+        self._eog = np.array(eog, dtype=np.int64)
+        self._min_tokens = 0 if params.ignore_eos else params.min_tokens
+        self._accepted = 0
         self._grammar = None
         if params.grammar is not None:
             self._grammar = llama_cpp.llama_sampler_init_grammar(
@@ -79,14 +87,22 @@ class Sampler:
                 raise SamplingError("the grammar does not parse")
         self._chain = build_chain(n_vocab, eog, params)
         self._n_vocab = n_vocab
+        self.plain_greedy = _plain_greedy(params, eog) if self._grammar is None else None
         self._candidates = np.empty(n_vocab, dtype=TOKEN_DATA) if self._grammar else None
         self._one = np.empty(1, dtype=TOKEN_DATA) if self._grammar else None
 
     def sample(self, ctx: Any, idx: int) -> int:
         """Draw a token from the logits of batch row ``idx`` and accept it."""
-        if self._grammar is None:
+        early = self._accepted < self._min_tokens
+        if self._grammar is None and not early:
+            self._accepted += 1
             return int(llama_cpp.llama_sampler_sample(self._chain, ctx, idx))
         logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, idx), (self._n_vocab,))
+        if early:
+            logits[self._eog] = NEG_INF
+        if self._grammar is None:
+            self._accepted += 1
+            return int(llama_cpp.llama_sampler_sample(self._chain, ctx, idx))
         token = self._draw(logits, with_grammar=False)
         if not self._grammar_allows(token):
             token = self._draw(logits, with_grammar=True)
@@ -94,6 +110,7 @@ class Sampler:
         return token
 
     def accept(self, token: int) -> None:
+        self._accepted += 1
         if self._grammar is not None:
             llama_cpp.llama_sampler_accept(self._grammar, token)
         llama_cpp.llama_sampler_accept(self._chain, token)
@@ -123,6 +140,30 @@ class Sampler:
         array = _token_array(one)
         llama_cpp.llama_sampler_apply(self._grammar, ctypes.byref(array))
         return bool(np.isfinite(one[0]["logit"]))
+
+
+def _plain_greedy(params: SamplingParams, eog: Iterable[int]) -> frozenset[int] | None:
+    """For a greedy chain without state (no penalties) and no bias above zero: the tokens
+    it biases. Its choice is then the logits' argmax, unless that is one of these tokens;
+    None for any other chain."""
+    if not params.greedy or params.presence_penalty or params.frequency_penalty:
+        return None
+    if params.repetition_penalty != 1.0 or (params.min_tokens and not params.ignore_eos):
+        return None  # a penalty's state, or the end held back for the first tokens
+    if any(bias > 0 for _, bias in params.logit_bias):
+        return None
+    biased = {token for token, bias in params.logit_bias if bias != 0}
+    if params.ignore_eos:
+        biased.update(eog)
+    return frozenset(biased)
+
+
+def greedy_rows(logits: np.ndarray) -> np.ndarray:
+    """The argmax of every row of a (rows, n_vocab) logits matrix: the first highest, as
+    llama.cpp's greedy sampler picks it. One pass for the whole batch instead of a candidate
+    array of the whole vocabulary per sequence (measured: bench/results/gpu/README.md)."""
+    tokens: np.ndarray = logits.argmax(axis=1)
+    return tokens
 
 
 def _token_array(records: np.ndarray) -> Any:

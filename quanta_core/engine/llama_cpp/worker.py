@@ -21,7 +21,7 @@ import numpy as np
 
 from quanta_core.engine.config import EngineConfig
 from quanta_core.engine.llama_cpp.logs import quiet_llama_logs
-from quanta_core.engine.llama_cpp.sampling import Sampler, SamplerSet, SamplingError
+from quanta_core.engine.llama_cpp.sampling import Sampler, SamplerSet, SamplingError, greedy_rows
 from quanta_core.engine.llama_cpp.wire import (
     Call,
     Channel,
@@ -51,6 +51,12 @@ from quanta_core.engine.types import (
     Truncate,
 )
 
+FLASH_ATTN = {
+    "auto": llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO,
+    "on": llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+    "off": llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED,
+}
+
 
 class InputError(Exception):
     """A call the worker refuses before changing anything."""
@@ -63,6 +69,7 @@ class Engine:
         self.config = config
         llama_cpp.llama_backend_init()
         mparams = llama_cpp.llama_model_default_params()
+        mparams.n_gpu_layers = config.n_gpu_layers
         self.model = llama_cpp.llama_model_load_from_file(config.model_path.encode(), mparams)
         if not self.model:
             raise RuntimeError(f"cannot load model {config.model_path}")
@@ -74,6 +81,7 @@ class Engine:
         cparams.n_threads = config.threads
         cparams.n_threads_batch = config.threads
         cparams.kv_unified = config.kv_unified
+        cparams.flash_attn_type = FLASH_ATTN[config.flash_attn]
         cparams.no_perf = True
         self.ctx = llama_cpp.llama_init_from_model(self.model, cparams)
         if not self.ctx:
@@ -226,6 +234,7 @@ class Engine:
     ) -> list[SeqOutput]:
         outputs = []
         last = max((k for k, sampler in enumerate(samplers) if sampler is not None), default=-1)
+        greedy = self._greedy_tokens(slices, samplers)
         i = 0
         for k, (s, sampler) in enumerate(zip(slices, samplers, strict=True)):
             i += len(s.tokens)
@@ -233,6 +242,10 @@ class Engine:
                 continue
             if k == last:
                 before_last()
+            token = greedy.get(k)
+            if token is not None:
+                outputs.append(SeqOutput(s.seq, token))
+                continue
             idx = i - 1
             logprobs = (
                 self._logprobs(idx, s.sampling.logprobs)
@@ -246,6 +259,34 @@ class Engine:
                 log_softmax, top = logprobs
                 outputs.append(SeqOutput(s.seq, token, float(log_softmax[token]), top))
         return outputs
+
+    def _greedy_tokens(
+        self, slices: tuple[SeqSlice, ...], samplers: list[Sampler | None]
+    ) -> dict[int, int]:
+        """Slice index -> token for the plain greedy samplers, all from one argmax over the
+        step's logits (outputs are in batch order: one row per sampled slice). A row whose
+        argmax is a token its chain biases is left to its chain."""
+        rows: list[int] = []
+        picks: list[int] = []
+        n_out = 0
+        for k, (s, sampler) in enumerate(zip(slices, samplers, strict=True)):
+            if sampler is None:
+                continue
+            if sampler.plain_greedy is not None and s.sampling.logprobs is None:
+                rows.append(n_out)
+                picks.append(k)
+            n_out += 1
+        if not rows:
+            return {}
+        ptr = llama_cpp.llama_get_logits(self.ctx)
+        logits = np.ctypeslib.as_array(ptr, shape=(n_out, self.n_vocab))
+        tokens = greedy_rows(logits if len(rows) == n_out else logits[rows]).tolist()
+        chosen = {}
+        for k, token in zip(picks, tokens, strict=True):
+            biased = samplers[k].plain_greedy  # type: ignore[union-attr]
+            if token not in biased:  # type: ignore[operator]
+                chosen[k] = int(token)
+        return chosen
 
     def _logprobs(self, idx: int, k: int) -> tuple[np.ndarray, tuple[TopLogprob, ...]]:
         """The model's own log-probabilities at batch row ``idx`` (before any sampler)."""

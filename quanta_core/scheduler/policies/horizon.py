@@ -19,8 +19,9 @@
   token a request of 100 + 300 tokens may be overtaken by arrivals of the next 8 s only.
 - Steps stay short while streams decode: decodes get their tokens first, and a prefill (a
   new request's, or a running one's next chunk) only what keeps the step within
-  ``step_target_s`` by the step-cost model learnt online (``step_cost``): an admission costs
-  the running streams a slightly longer step, never a stall.
+  ``step_target_s`` by the step-cost model learnt online (``step_cost``): an admission
+  lengthens the running streams' step to about the target, not to a whole prompt's prefill.
+  (If decodes alone exceed the target, nothing is admitted beside them until one ends.)
 - Between tenants: the fair queue of ``vtc`` (the lowest virtual counter's head first) and its
   victim rule, unchanged; only the order inside each tenant's queue differs.
 - The scheduler's length predictor learns every finished choice's length (any policy); here it

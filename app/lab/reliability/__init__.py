@@ -1,0 +1,1 @@
+"""Reliability benchmarks: soak, chaos and overload against a real ``quanta run`` process."""

@@ -1,0 +1,319 @@
+"""A real server in a child process on a fresh database, tenants made through the admin API,
+and clients that count every token they receive.
+
+    Server.start()  quanta migrate + quanta run on a free port (restartable on the same DB)
+    Client.one()    one request: JSON, a stream, or a stream cut after a few tokens
+    Tally           per key: tokens received, requests by outcome
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import secrets
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ADMIN_KEY = "reliability-admin-" + secrets.token_hex(8)
+PROMPTS = (
+    "Tell me about lighthouses.",
+    "Write a short poem about rain.",
+    "Explain what a CPU cache is.",
+    "List three fruits and their colours.",
+    "Describe a quiet morning in a small town.",
+)
+
+
+_STARTED: list[Server] = []
+
+
+def kill_leftovers() -> None:
+    """Kill the servers a run started and left running (it crashed before stopping them)."""
+    for server in _STARTED:
+        if server.process is not None and server.process.poll() is None:
+            server.kill()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+@dataclass
+class Server:
+    root: Path
+    flags: tuple[str, ...] = ()
+    port: int = field(default_factory=free_port)
+    process: subprocess.Popen[bytes] | None = None
+
+    @classmethod
+    def fresh(cls, *flags: str) -> Server:
+        server = cls(Path(tempfile.mkdtemp(prefix="quanta-reliability-")), flags)
+        _STARTED.append(server)
+        return server
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def db_path(self) -> Path:
+        return self.root / "quanta.db"
+
+    def env(self) -> dict[str, str]:
+        return {
+            **os.environ,
+            "QUANTA_CONFIG": "/nonexistent/quanta.toml",
+            "QUANTA_DATABASE_URL": f"sqlite+aiosqlite:///{self.db_path}",
+            "QUANTA_DATA_DIR": str(self.root / "data"),
+            "QUANTA_ADMIN_KEY": ADMIN_KEY,
+        }
+
+    def start(self, timeout_s: float = 180.0) -> None:
+        if not self.db_path.exists():
+            subprocess.run([sys.executable, "-m", "app.cli", "migrate"], env=self.env(), check=True)
+        log = (self.root / "server.log").open("ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "app.cli", "run", "--port", str(self.port), *self.flags],
+            env=self.env(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"quanta run exited with {self.process.returncode}")
+            try:
+                if httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        raise TimeoutError("quanta run did not become ready")
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def engine_pids(self) -> list[int]:
+        """The server's child processes (the engine worker)."""
+        found = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rpartition(")")[2].split()
+            except OSError:
+                continue
+            if int(fields[1]) == self.pid:
+                found.append(int(stat.parent.name))
+        return found
+
+    def kill(self) -> None:
+        assert self.process is not None
+        for child in self.engine_pids():
+            os.kill(child, signal.SIGKILL)  # the engine worker dies with its server
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(30)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            self.process.wait(60)
+
+    def admin(self, method: str, path: str, **kw: Any) -> Any:
+        r = httpx.request(
+            method,
+            f"{self.url}/admin/v1{path}",
+            headers={"authorization": f"Bearer {ADMIN_KEY}"},
+            timeout=30,
+            **kw,
+        )
+        r.raise_for_status()
+        return r.json() if r.content else None
+
+    def tenant(self, name: str, slo_class: str, quota: dict[str, int] | None = None) -> Key:
+        t = self.admin("POST", "/tenants", json={"name": name})
+        if quota:
+            self.admin("PUT", f"/tenants/{t['id']}/quota", json=quota)
+        k = self.admin("POST", f"/tenants/{t['id']}/keys", json={"slo_class": slo_class})
+        return Key(t["id"], k["id"], k["value"], slo_class)
+
+    def ledger_tokens(self) -> dict[str, int]:
+        """Completion tokens per key in the ledger (after a stop or a flush)."""
+        with sqlite3.connect(self.db_path) as con:
+            rows = con.execute(
+                "SELECT key_id, SUM(completion_tokens) FROM usage_ledger GROUP BY key_id"
+            ).fetchall()
+        return {k: int(n or 0) for k, n in rows}
+
+    def metrics(self) -> dict[str, float]:
+        text = httpx.get(f"{self.url}/metrics", timeout=10).text
+        out: dict[str, float] = {}
+        for line in text.splitlines():
+            if line.startswith("quanta:") and "{" not in line:
+                name, _, value = line.partition(" ")
+                out[name] = float(value)
+        return out
+
+
+@dataclass(frozen=True)
+class Key:
+    tenant_id: str
+    key_id: str
+    value: str
+    slo_class: str
+
+
+@dataclass
+class Tally:
+    received: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    outcomes: Counter[str] = field(default_factory=Counter)
+    miscounted: int = 0  # a stream whose tokens received differ from its usage chunk
+    broken: int = 0  # a stream that ended without [DONE] and without an error event
+    latencies: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "outcomes": dict(self.outcomes),
+            "tokens_received": sum(self.received.values()),
+            "streams_miscounted": self.miscounted,
+            "broken_streams": self.broken,
+        }
+
+
+class Client:
+    """One kind of request at a time, counting the tokens it gets: one per logprob entry,
+    and the end-of-generation token of a choice that stopped (no stop strings are sent, so
+    ``stop`` means that token), which the server counts as OpenAI and vLLM do."""
+
+    def __init__(self, url: str, model: str, tally: Tally, timeout_s: float = 300.0) -> None:
+        self.url = url
+        self.model = model
+        self.tally = tally
+        self.http = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=10.0))
+
+    async def one(self, key: Key, kind: str, max_tokens: int, rng: random.Random) -> str:
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": [{"role": "user", "content": rng.choice(PROMPTS)}],
+            "max_tokens": max_tokens,
+            "logprobs": True,
+            "seed": rng.randrange(2**31),
+        }
+        headers = {"authorization": f"Bearer {key.value}"}
+        started = time.monotonic()
+        try:
+            if kind == "json":
+                outcome = await self._json(key, body, headers)
+            else:
+                cut = rng.randint(1, 8) if kind == "cancel" else None
+                outcome = await self._stream(key, body, headers, cut)
+        except httpx.HTTPError as exc:
+            outcome = f"transport:{type(exc).__name__}"
+        self.tally.outcomes[outcome] += 1
+        self.tally.latencies[outcome].append(time.monotonic() - started)
+        return outcome
+
+    async def _json(self, key: Key, body: dict[str, Any], headers: dict[str, str]) -> str:
+        r = await self.http.post(f"{self.url}/v1/chat/completions", json=body, headers=headers)
+        if r.status_code != 200:
+            return f"http_{r.status_code}"
+        data = r.json()
+        choice = data["choices"][0]
+        tokens = len((choice.get("logprobs") or {}).get("content") or [])
+        tokens += choice["finish_reason"] == "stop"  # the end token: computed, never shown
+        self.tally.received[key.key_id] += tokens
+        return "completed" if tokens == data["usage"]["completion_tokens"] else "miscounted"
+
+    async def _stream(
+        self, key: Key, body: dict[str, Any], headers: dict[str, str], cut: int | None
+    ) -> str:
+        body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+        got = 0
+        async with self.http.stream(
+            "POST", f"{self.url}/v1/chat/completions", json=body, headers=headers
+        ) as r:
+            if r.status_code != 200:
+                await r.aread()
+                return f"http_{r.status_code}"
+            try:
+                async for line in r.aiter_lines():
+                    if line == "data: [DONE]":
+                        return "completed"
+                    if not line.startswith("data: {"):
+                        continue
+                    try:
+                        chunk = json.loads(line[6:])
+                    except ValueError:  # the server died in the middle of a line
+                        self.tally.broken += 1
+                        return "cut"
+                    if "error" in chunk:
+                        return "stream_error"
+                    usage = chunk.get("usage")
+                    if usage is not None and usage["completion_tokens"] != got:
+                        self.tally.miscounted += 1  # a token lost or sent twice
+                    for choice in chunk.get("choices", []):
+                        if choice.get("finish_reason") == "stop":
+                            got += 1  # the end token: computed and charged, never shown
+                            self.tally.received[key.key_id] += 1
+                        entries = (choice.get("logprobs") or {}).get("content") or []
+                        got += len(entries)
+                        self.tally.received[key.key_id] += len(entries)
+                    if cut is not None and got >= cut:
+                        return "cancelled"
+            except httpx.HTTPError:
+                self.tally.broken += 1
+                return "cut"
+        self.tally.broken += 1
+        return "cut"
+
+    async def close(self) -> None:
+        await self.http.aclose()
+
+
+def model_of(url: str, key: Key) -> str:
+    r = httpx.get(f"{url}/v1/models", headers={"authorization": f"Bearer {key.value}"})
+    return str(r.json()["data"][0]["id"])
+
+
+async def healthz_ms(url: str) -> float:
+    async with httpx.AsyncClient(timeout=10) as http:
+        t0 = time.perf_counter()
+        await http.get(f"{url}/healthz")
+        return (time.perf_counter() - t0) * 1000
+
+
+def write_result(name: str, result: dict[str, Any]) -> Path:
+    out = Path("bench/results/reliability") / f"{name}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    return out
+
+
+def loadavg() -> list[float]:
+    return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
+
+
+def sleep_until(t: float) -> Any:
+    return asyncio.sleep(max(0.0, t - time.monotonic()))

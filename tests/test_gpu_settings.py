@@ -1,0 +1,69 @@
+"""GPU offload settings reach the engine's config (no GPU needed: only the plumbing)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from app.server.settings import Settings
+from quanta_core.engine import SeqSlice, StepPlan
+from quanta_core.engine.config import EngineConfig
+from quanta_core.engine.llama_cpp.executor import LlamaCppExecutor
+
+MODEL = "model.gguf"
+
+
+@pytest.fixture
+def model(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = tmp_path_factory.mktemp("m") / MODEL
+    path.write_bytes(b"GGUF")
+    return str(path)
+
+
+def test_defaults_keep_the_cpu_engine(model: str) -> None:
+    config = Settings(model_path=model).engine_config()
+    defaults = EngineConfig(model_path=model)
+    assert config.n_gpu_layers == 0 == defaults.n_gpu_layers
+    assert config.flash_attn == "auto" == defaults.flash_attn
+    assert config.n_ubatch == defaults.n_ubatch
+
+
+def test_environment_sets_gpu_offload(model: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("QUANTA_N_GPU_LAYERS", "-1")
+    monkeypatch.setenv("QUANTA_FLASH_ATTN", "on")
+    monkeypatch.setenv("QUANTA_N_SEQ_MAX", "256")
+    monkeypatch.setenv("QUANTA_N_BATCH", "2048")
+    monkeypatch.setenv("QUANTA_N_UBATCH", "1024")
+    config = Settings(model_path=model).engine_config()
+    assert (config.n_gpu_layers, config.flash_attn) == (-1, "on")
+    assert (config.n_seq_max, config.n_batch, config.n_ubatch) == (256, 2048, 1024)
+
+
+def test_ubatch_is_at_most_the_batch(model: str) -> None:
+    config = Settings(model_path=model, n_batch=256, n_ubatch=1024).engine_config()
+    assert config.n_ubatch == 256
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [{"n_gpu_layers": -2}, {"flash_attn": "yes"}, {"n_seq_max": 257}, {"n_ubatch": 0}],
+)
+def test_bad_values_are_refused(model: str, bad: dict[str, object]) -> None:
+    with pytest.raises(ValidationError):
+        Settings(model_path=model, **bad)
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("flash_attn", ["on", "off"])
+def test_the_engine_starts_with_gpu_settings_on_a_cpu_build(
+    model_path: Path, flash_attn: str
+) -> None:
+    """A build without a GPU backend keeps the layers on the CPU and still decodes."""
+    config = Settings(
+        model_path=model_path, n_gpu_layers=-1, flash_attn=flash_attn, n_ubatch=128, n_ctx=512
+    ).engine_config()
+    with LlamaCppExecutor.start(config) as ex:
+        result = ex.step(StepPlan(slices=(SeqSlice(0, (1, 2, 3), 0, True, "gpu"),)))
+        assert 0 <= result.outputs[0].token < ex.info.n_vocab
