@@ -140,6 +140,9 @@ class VtcPolicy(Policy):
     def on_finished(self, r: Choice) -> None:
         self.counters.leave(r)
 
+    def after_warm_up(self, tenant: str) -> None:
+        self.counters.forget(tenant)
+
     def tenant_stats(self, running: Collection[Choice]) -> tuple[TenantStats, ...]:
         return tuple(_stats(self.counters, self.queue, running, "all"))
 
