@@ -28,10 +28,9 @@ from app.lab.reliability.harness import (
     Key,
     Server,
     Tally,
-    kill_leftovers,
     loadavg,
     model_of,
-    write_result,
+    run_and_report,
 )
 
 ENGINE_KILL_EVERY_S = 20.0
@@ -153,15 +152,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--name", default="chaos")
     args = parser.parse_args()
-    try:
-        result = asyncio.run(chaos(args.minutes, args.workers))
-    finally:
-        kill_leftovers()
-    path = write_result(args.name, result)
-    for name, value in result.items():
-        if name != "events":
-            print(f"{name}: {value}")
-    print(f"written: {path}")
+    run_and_report(args.name, chaos(args.minutes, args.workers), hidden="events")
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 from collections import Counter, defaultdict
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -317,3 +318,19 @@ def loadavg() -> list[float]:
 
 def sleep_until(t: float) -> Any:
     return asyncio.sleep(max(0.0, t - time.monotonic()))
+
+
+def run_and_report(
+    name: str, run: Coroutine[Any, Any, dict[str, Any]], hidden: str | None = None
+) -> None:
+    """Run one command to its end (servers it left are killed whatever happens), write its
+    result under ``name`` and print its figures (``hidden``: a long series left to the file)."""
+    try:
+        result = asyncio.run(run)
+    finally:
+        kill_leftovers()
+    path = write_result(name, result)
+    for key, value in result.items():
+        if key != hidden:
+            print(f"{key}: {value}")
+    print(f"written: {path}")

@@ -24,11 +24,10 @@ from app.lab.reliability.harness import (
     Server,
     Tally,
     healthz_ms,
-    kill_leftovers,
     loadavg,
     model_of,
     rss_kib,
-    write_result,
+    run_and_report,
 )
 
 MAX_IN_FLIGHT = 400
@@ -150,14 +149,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--name", default="overload")
     args = parser.parse_args()
-    try:
-        result = asyncio.run(overload(args.minutes, args.factor, args.workers))
-    finally:
-        kill_leftovers()
-    path = write_result(args.name, result)
-    for name, value in result.items():
-        print(f"{name}: {value}")
-    print(f"written: {path}")
+    run_and_report(args.name, overload(args.minutes, args.factor, args.workers))
 
 
 if __name__ == "__main__":

@@ -23,11 +23,10 @@ from app.lab.reliability.harness import (
     Key,
     Server,
     Tally,
-    kill_leftovers,
     loadavg,
     model_of,
     rss_kib,
-    write_result,
+    run_and_report,
 )
 
 SAMPLE_EVERY_S = 15.0
@@ -124,15 +123,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=6)
     parser.add_argument("--name", default="soak")
     args = parser.parse_args()
-    try:
-        result = asyncio.run(soak(args.minutes, args.workers))
-    finally:
-        kill_leftovers()
-    path = write_result(args.name, result)
-    shown = {k: v for k, v in result.items() if k != "samples"}
-    for name, value in shown.items():
-        print(f"{name}: {value}")
-    print(f"written: {path}")
+    run_and_report(args.name, soak(args.minutes, args.workers), hidden="samples")
 
 
 if __name__ == "__main__":
