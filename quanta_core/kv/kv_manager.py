@@ -71,6 +71,11 @@ class KvStats:
         return self.active_blocks / self.num_blocks
 
 
+# (shared blocks, their hashes, source seq, shared tokens, from the cache, new tokens,
+#  blocks to reserve, cached blocks pinned): ``KvManager._size_start``
+_StartSize = tuple[list[Block], list[int], int | None, int, bool, int, int, int]
+
+
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -157,6 +162,41 @@ class KvManager:
         is left to compute, so there are logits to sample from. ``None`` (and nothing
         changed) when a sequence id or the blocks are lacking.
         """
+        sizing = self._size_start(tokens, budget, copy_from)
+        if sizing is None:
+            return None
+        shared, hashes, src, n_copy, from_cache, num_new, need, pinned = sizing
+        if need > self.num_free_blocks - pinned:
+            return None
+        seq = self._acquire_seq(exclude=src)
+        if seq is None and from_cache:
+            # The only reclaimable id is the hit's holder: give up the hit, not the request.
+            return self._allocate_plain(tokens, budget)
+        if seq is None:
+            return None
+        if from_cache:
+            self.cache.queries += len(tokens)
+            self.cache.hits += n_copy
+        elif copy_from is None and self.enable_prefix_cache:
+            self.cache.queries += len(tokens)
+        st = SeqTable(seq, SeqRole.ACTIVE, hashes=list(hashes))
+        self._seqs[seq] = st
+        if src is not None:
+            self._ops.append(CopyPrefix(src=src, dst=seq, n_tokens=n_copy))
+            if src in self._holders:
+                self._holders.move_to_end(src)
+        for b in shared:
+            self._hold(b, seq, active=True)
+            st.table.append(b)
+        self._reserve(st, n_copy + num_new)
+        return Allocation(seq, n_copy, num_new, n_copy if from_cache else 0)
+
+    def _size_start(
+        self, tokens: Sequence[int], budget: int, copy_from: tuple[int, int] | None
+    ) -> _StartSize | None:
+        """What ``allocate`` would take: the shared prefix (blocks, hashes, source, tokens,
+        whether from the cache), the new tokens, the blocks to reserve and the cached blocks
+        the prefix pins; ``None`` when there is nothing to compute."""
         bs = self.block_size
         shared: list[Block] = []
         hashes: list[int] = []
@@ -185,30 +225,64 @@ class KvManager:
             return None
         need = cdiv(n_copy + num_new, bs) - len(shared)
         pinned = sum(1 for b in shared if b.n_active == 0)
-        if need > self.num_free_blocks - pinned:
-            return None
-        seq = self._acquire_seq(exclude=src)
-        if seq is None and from_cache:
-            # The only reclaimable id is the hit's holder: give up the hit, not the request.
-            return self._allocate_plain(tokens, budget)
-        if seq is None:
-            return None
-        if from_cache:
-            self.cache.queries += len(tokens)
-            self.cache.hits += n_copy
-        elif copy_from is None and self.enable_prefix_cache:
-            self.cache.queries += len(tokens)
-        st = SeqTable(seq, SeqRole.ACTIVE, hashes=list(hashes))
-        self._seqs[seq] = st
-        if src is not None:
-            self._ops.append(CopyPrefix(src=src, dst=seq, n_tokens=n_copy))
-            if src in self._holders:
-                self._holders.move_to_end(src)
-        for b in shared:
-            self._hold(b, seq, active=True)
-            st.table.append(b)
-        self._reserve(st, n_copy + num_new)
-        return Allocation(seq, n_copy, num_new, n_copy if from_cache else 0)
+        return shared, hashes, src, n_copy, from_cache, num_new, need, pinned
+
+    def start_stays_blocked(
+        self, tokens: Sequence[int], budget: int, copy_from: tuple[int, int] | None = None
+    ) -> bool:
+        """Whether ``allocate`` fails now for want of blocks and goes on failing while the
+        active sequences only grow from free blocks (nothing freed, evicted or started).
+
+        Growing only takes free blocks, so the shortfall stays unless the prefix found in
+        the cache deepens (a deeper hit shares blocks instead of reserving them): that takes
+        an active sequence that holds the hit's chain (or a start of it) and hashes its next
+        blocks. If one could, the answer is ``False`` (not known to stay), as it is when the
+        start fails for another reason or might succeed."""
+        sizing = self._size_start(tokens, budget, copy_from)
+        if sizing is None:
+            return False
+        _, hashes, _, _, _, _, need, pinned = sizing
+        if need <= self.num_free_blocks - pinned:
+            return False
+        if copy_from is not None or not self.enable_prefix_cache:
+            return True  # a sibling's prompt is a fixed prefix; no cache, no hit
+        if len(hashes) >= (len(tokens) - 1) // self.block_size:
+            return True  # the hit is as deep as a start may share
+        depth = len(hashes)
+        for st in self._seqs.values():
+            n = len(st.hashes)
+            if st.role is SeqRole.ACTIVE and n <= depth and st.hashes == hashes[:n]:
+                return False  # its next blocks may carry on the hit's chain
+        return True
+
+    def restore_stays_blocked(self, tokens: Sequence[int], n_stashed: int, budget: int) -> bool:
+        """Whether ``restore`` fails now for want of blocks (and so goes on failing while the
+        active sequences only grow: they take free blocks, never give any)."""
+        num_new = min(len(tokens) - n_stashed, budget)
+        return num_new > 0 and cdiv(n_stashed + num_new, self.block_size) > self.num_free_blocks
+
+    def decode_steps_from_free(self, seqs: Sequence[tuple[int, int]], limit: int) -> int:
+        """The most steps (up to ``limit``) in which each ``(seq, computed)`` grows a token a
+        step with the blocks it lacks all taken from free ones (no cached block evicted)."""
+        bs = self.block_size
+        firsts = []  # for each sequence, the step whose token needs its first new block
+        for seq, computed in seqs:
+            firsts.append(len(self._seqs[seq].table) * bs - computed + 1)
+
+        def blocks(steps: int) -> int:
+            return sum((steps - f) // bs + 1 for f in firsts if f <= steps)
+
+        free = self.pool.num_free
+        if blocks(limit) <= free:
+            return limit
+        lo, hi = 0, limit  # blocks(lo) <= free < blocks(hi)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if blocks(mid) <= free:
+                lo = mid
+            else:
+                hi = mid
+        return lo
 
     def _allocate_plain(self, tokens: Sequence[int], budget: int) -> Allocation | None:
         num_new = min(len(tokens), budget)

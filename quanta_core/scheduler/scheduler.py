@@ -19,7 +19,7 @@ once (the policy's ``on_submit``): start, queue, or reject, possibly shedding qu
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from quanta_core.clock import Clock
@@ -44,6 +44,7 @@ from quanta_core.requests import (
 from quanta_core.scheduler.admission import AdmissionDecision, AdmissionVerdict
 from quanta_core.scheduler.choice import Choice, ChoiceStatus
 from quanta_core.scheduler.config import SchedulerConfig, StepLimits
+from quanta_core.scheduler.decode_run import DecodeRun, grow_and_hash, take_tokens
 from quanta_core.scheduler.handle import Event
 from quanta_core.scheduler.policies import make_policy
 from quanta_core.scheduler.policies.base import StartDecision, TenantStats
@@ -377,13 +378,7 @@ class Scheduler:
             self._stash_bytes.pop(r.stash_key, None)
             r.restored_key, r.stash_key = r.stash_key, None
         else:
-            copy_from = None
-            parent = r.parent
-            # Choice 0 shares its prompt while it holds it (not so after a crash or preemption).
-            holds_prompt = parent is not None and parent.num_computed_tokens >= r.prompt_len - 1
-            if parent is not None and parent.seq is not None and holds_prompt and self.share_kv:
-                copy_from = (parent.seq, r.prompt_len - 1)
-            adm = self.kv.allocate(r.tokens, budget, copy_from)
+            adm = self.kv.allocate(r.tokens, budget, self._copy_from(r))
             if adm is None:
                 return None
         r.seq = adm.seq
@@ -398,6 +393,16 @@ class Scheduler:
         self._running[r] = None
         self._by_seq[adm.seq] = r
         return adm.num_new
+
+    def _copy_from(self, r: Choice) -> tuple[int, int] | None:
+        """The sibling sequence whose prompt ``r`` may copy: choice 0's, while it holds it
+        (not so after a crash or preemption)."""
+        parent = r.parent
+        if parent is None or parent.seq is None or not self.share_kv:
+            return None
+        if parent.num_computed_tokens < r.prompt_len - 1:
+            return None
+        return (parent.seq, r.prompt_len - 1)
 
     def _slice(self, r: Choice, n: int, now: float) -> SeqSlice:
         assert r.seq is not None
@@ -455,6 +460,88 @@ class Scheduler:
             r.seq = None
         self._running.pop(r, None)
         self.policy.on_left_running(r)
+
+    # ---- steps in bulk (the simulator) ----
+
+    def steady_decodes(self, limit: int) -> DecodeRun | None:
+        """The next cycles, if nothing comes from outside, while their plans are certain:
+        every running request decodes one token a step in the same order, no KV op, nothing
+        starts, finishes or is preempted (``decode_run``). At most ``limit`` steps; ``None``
+        when fewer than two are certain. Changes nothing."""
+        running, policy = self._running, self.policy
+        if self.token_events or self._cancels or self._release or not running:
+            return None
+        if not policy.steady_decodes(running):
+            return None
+        limits = policy.limits(running, self.base_limits)
+        order = policy.order_running(list(running))
+        n = len(order)
+        if n != len(running) or n > limits.token_budget or policy.make_room(running, limits):
+            return None
+        steps = limit
+        for r in order:
+            if r.num_tokens - r.num_computed_tokens != 1 or r.needs_replay or policy.defers(r):
+                return None
+            if r.charged_input < r.prompt_len or r.siblings_blocked:
+                return None
+            # Its last token's step finishes it: that one is taken one by one.
+            last = min(r.prompt_len + r.max_tokens, self.max_seq_tokens) - r.num_tokens
+            steps = min(steps, last - 1)
+        if steps < 2 or (policy.waiting and not self._nothing_starts(n, limits)):
+            return None
+        seqs = tuple(r.seq for r in order if r.seq is not None)
+        starts = tuple(r.num_computed_tokens for r in order)
+        steps = self.kv.decode_steps_from_free(list(zip(seqs, starts, strict=True)), steps)
+        if steps < 2:
+            return None
+        return DecodeRun(tuple(order), seqs, starts, tuple(r.owner for r in order), steps)
+
+    def _nothing_starts(self, n_decoding: int, limits: StepLimits) -> bool:
+        """Whether ``_start_waiting`` beside ``n_decoding`` decodes starts nobody, now and
+        while they only decode (the head's shortfall of blocks only grows)."""
+        budget = limits.token_budget - n_decoding
+        if budget <= 0 or len(self._running) >= limits.max_running:
+            return True
+        if self.kv.num_seqs_available <= 0:
+            return True
+        r = self.policy.waiting.peek()
+        if r is None:
+            return True
+        room = self.policy.room(n_decoding, n_decoding)
+        allowed = budget if room is None else min(budget, room)
+        if allowed <= 0:
+            return True
+        decision = self.policy.may_start(r, self._running)
+        if decision is StartDecision.STOP:
+            return True
+        if decision is StartDecision.SKIP:
+            return False  # who comes after it is another question: not known to hold
+        if r.stash_key is not None:
+            return self.kv.restore_stays_blocked(r.tokens, r.stash_tokens, allowed)
+        return self.kv.start_stays_blocked(r.tokens, allowed, self._copy_from(r))
+
+    def run_decodes(
+        self,
+        run: DecodeRun,
+        steps: int,
+        tokens: Sequence[Sequence[int]],
+        ends: Sequence[float],
+    ) -> None:
+        """Take in ``steps`` (at most ``run.steps``) steps of ``run`` at once, as ``schedule``
+        and ``update`` one by one would have: ``tokens[i]`` are what ``run.choices[i]``
+        sampled, one a step, the steps ending at ``ends``. No token may end a generation
+        (the simulated engine never samples one)."""
+        if not 0 < steps <= run.steps or len(ends) != steps:
+            raise ValueError(f"{steps} steps ({len(ends)} ends) of a run of {run.steps}")
+        eog = self.eog
+        for r, sampled in zip(run.choices, tokens, strict=True):
+            if r.status is not _RUNNING or len(sampled) != steps:
+                raise RuntimeError(f"{r.owner} is not in the steady run it was handed")
+            take_tokens(r, sampled, ends, eog)
+        grow_and_hash(self.kv, run, steps)
+        self.policy.on_decodes(run.choices, steps)
+        if self.config.check_integrity:
+            self.check_integrity()
 
     # ---- results ----
 

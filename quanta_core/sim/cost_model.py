@@ -170,6 +170,26 @@ def features_of(
     )
 
 
+def decode_features(n_seqs: int, held: int, idle: int) -> StepFeatures:
+    """``features_of`` a step in which ``n_seqs`` sequences decode one token each, holding
+    ``held`` cells once it is in (so attending ``held`` pairs), ``idle`` cells held by the
+    others: the same numbers, computed the same way, without a plan."""
+    return StepFeatures._make(
+        (
+            n_seqs,
+            n_seqs,
+            0,
+            held / 1000.0,
+            n_seqs * held / 1e6,
+            held / 1000.0,
+            0,
+            0,
+            idle / 1000.0,
+            n_seqs * idle / 1e6,
+        )
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class CostModel:
     per_pass: float = 0.0

@@ -7,6 +7,10 @@ from the cost model, and the "sampled" tokens are cheap and deterministic.
 ``speed``, if given, is the machine's speed at the step (a multiplier read at each step): a
 real run's speed over time (``quanta sim --speed-profile``).
 
+Steps that only decode may also be taken in bulk (``decode_seconds`` then ``decode``, for
+the loop's ``Scheduler.steady_decodes`` runs): the same mirror, times and tokens as those
+steps one by one, without a plan per step. Not with ``speed``: it reads the clock per step.
+
 The executor does not move the clock: the event loop puts the step's end at
 ``now + total_s``. Token ``k`` of a request is a function of its owner and ``k`` only, so a
 sampler rebuilt after a recompute (``replay``) continues the same stream, and no token is ever
@@ -16,8 +20,9 @@ an end-of-generation token (workloads fix output lengths with ``max_tokens``).
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 
+from quanta_core.engine.errors import EngineInputError
 from quanta_core.engine.kv_mirror import KvMirror
 from quanta_core.engine.types import (
     EngineInfo,
@@ -30,7 +35,7 @@ from quanta_core.engine.types import (
     StepResult,
     StepTimings,
 )
-from quanta_core.sim.cost_model import CostModel, features_of
+from quanta_core.sim.cost_model import CostModel, decode_features, features_of
 
 _MIX = 2654435761  # Knuth's multiplicative hash: spreads k over 32 bits
 
@@ -82,6 +87,53 @@ class SimExecutor:
             stashed=stashed,
             timings=StepTimings(engine_s=seconds, total_s=seconds),
         )
+
+    @property
+    def decodes_in_bulk(self) -> bool:
+        return self._speed is None
+
+    def decode_seconds(self, seqs: Sequence[int]) -> Iterator[float]:
+        """The seconds of each next step in which every one of ``seqs`` decodes one token
+        (``step`` of those plans would say the same), for as many steps as are asked."""
+        lengths = self._mirror.lengths
+        n = len(seqs)
+        held = sum(lengths.get(seq, 0) for seq in seqs)
+        idle = sum(lengths.values()) - held  # cells of the sequences outside the batch
+        predict = self.cost_model.predict
+        while True:
+            held += n
+            yield predict(decode_features(n, held, idle))
+
+    def decode(
+        self, seqs: Sequence[int], starts: Sequence[int], owners: Sequence[str], steps: int
+    ) -> list[list[int]]:
+        """Run ``steps`` steps in which sequence ``seqs[i]``, holding ``starts[i]`` tokens,
+        decodes one token a step for ``owners[i]``: the tokens each sampled, in order."""
+        mirror = self._mirror
+        lengths = mirror.lengths
+        if len(seqs) > mirror.n_batch:
+            raise EngineInputError(f"batch of {len(seqs)} tokens is over n_batch")
+        for seq, start in zip(seqs, starts, strict=True):
+            if lengths.get(seq, 0) != start or start + steps > mirror.n_ctx:
+                raise EngineInputError(f"sequence {seq}: {steps} decodes from {start} do not fit")
+        for seq in seqs:
+            lengths[seq] += steps
+        return [self._sample_run(owner, steps) for owner in owners]
+
+    def _sample_run(self, owner: str, steps: int) -> list[int]:
+        """``sample`` ``steps`` times (no replay: a decode run's samplers exist or start)."""
+        state = self._samplers.get(owner)
+        seed, k = state if state is not None else (zlib.crc32(owner.encode()), 0)
+        self._samplers[owner] = (seed, k + steps)
+        span = self._span
+        tokens = [1 + ((seed + i * _MIX) & 0xFFFFFFFF) % span for i in range(k, k + steps)]
+        eog = self._eog
+        if not eog.isdisjoint(tokens):
+            for i, token in enumerate(tokens):
+                while token in eog:
+                    token = token % span + 1
+                tokens[i] = token
+        return tokens
 
     def sample(self, owner: str, replayed: int) -> int:
         """The next token of ``owner`` (a choice), deterministic in its id and position."""

@@ -7,6 +7,11 @@
     StepDone(t)    clock := t; update(plan, result) → events handed out; StepStart at t
     Wake(t)        clock := t; the client's own action (next request of a user, a free slot)
 
+Steps that only decode are taken in bulk where the scheduler says the next plans are certain
+(``Scheduler.steady_decodes``): as many as end before the next event, with the same times,
+tokens and state as one by one (``bulk=False``: always one by one; ``quanta_core.scheduler
+.decode_run`` says when a run is certain and why it is the same).
+
 As in ``Driver``: one step in flight at a time; a request that arrives during a step is
 submitted at its own time (admission sees the right clock and queue) and first planned at the
 next cycle; an empty plan leaves the engine idle until the next arrival. The executor never
@@ -17,6 +22,7 @@ else is due is taken in at once, not queued: the queue would hand it straight ba
 from __future__ import annotations
 
 from collections.abc import Callable
+from itertools import islice
 
 from quanta_core.clock import VirtualClock
 from quanta_core.engine.errors import EngineInputError
@@ -26,10 +32,14 @@ from quanta_core.requests import ChoiceFinished, ChoiceResult, GenerationRequest
 from quanta_core.scheduler.handle import Event as SchedulerEvent
 from quanta_core.scheduler.scheduler import Scheduler
 from quanta_core.sim.events import Arrival, EventQueue, StepDone, StepStart, Wake
+from quanta_core.sim.executor import SimExecutor
 from quanta_core.sim.server_cost import ServerCost
 
 OnFinished = Callable[[ChoiceResult], None]
 _Step = tuple[float, StepPlan, StepResult]  # a step in flight: when it ends, what it ran
+# The most steps one bulk run may take: its steps' times are computed before it is cut at
+# the next event, so a bound keeps a run near an arrival from pricing steps it will not take.
+MAX_RUN_STEPS = 256
 
 
 class SimLoop:
@@ -40,6 +50,7 @@ class SimLoop:
         clock: VirtualClock,
         on_finished: OnFinished,
         server: ServerCost | None = None,
+        bulk: bool = True,
     ) -> None:
         self.scheduler = scheduler
         self.server = server or ServerCost()
@@ -48,8 +59,14 @@ class SimLoop:
         self.on_finished = on_finished
         self.queue = EventQueue()
         self.steps = 0  # engine passes that ran (plans with work)
+        self.bulk_steps = 0  # of those, taken in steady decode runs
         self.busy_s = 0.0  # virtual seconds the engine was stepping
         self._engine_busy = False  # a step is in flight or a StepStart is queued
+        self._bulk = (
+            executor
+            if bulk and isinstance(executor, SimExecutor) and executor.decodes_in_bulk
+            else None
+        )
 
     # ---- what the client side calls ----
 
@@ -97,6 +114,8 @@ class SimLoop:
 
     def _step_start(self, now: float) -> _Step | None:
         """Plan and run a step: when it ends, its plan and result (None: none runs now)."""
+        if self._bulk is not None:
+            now = self._decode_run(self._bulk, now)
         sched = self.scheduler
         plan = sched.schedule()
         self._hand_out(sched.drain_events())
@@ -115,6 +134,34 @@ class SimLoop:
         seconds = result.timings.total_s
         self.busy_s += seconds
         return now + seconds + self.server.seconds(plan), plan, result
+
+    def _decode_run(self, executor: SimExecutor, now: float) -> float:
+        """The steady decode steps that end before the next event, taken at once; the time
+        the last of them ends (``now`` if none)."""
+        sched = self.scheduler
+        run = sched.steady_decodes(MAX_RUN_STEPS)
+        if run is None:
+            return now
+        server_s = self.server.decode_seconds(len(run.seqs))
+        due = self.queue.next_time()
+        ends: list[float] = []
+        busy = self.busy_s
+        for seconds in islice(executor.decode_seconds(run.seqs), run.steps):
+            end = now + seconds + server_s  # as a step one by one ends
+            if end >= due:
+                break  # that step's end is queued behind what is due: it is taken alone
+            ends.append(end)
+            busy += seconds
+            now = end
+        if not ends:
+            return now
+        tokens = executor.decode(run.seqs, run.starts, run.owners, len(ends))
+        self.steps += len(ends)
+        self.bulk_steps += len(ends)
+        self.busy_s = busy
+        self.clock.advance_to(now)
+        sched.run_decodes(run, len(ends), tokens, ends)
+        return now
 
     def _step_done(self, plan: StepPlan, result: StepResult, now: float) -> _Step | None:
         """Take in a step's result; the next step, if it starts at once."""

@@ -56,6 +56,7 @@ class SimOutcome:
     busy_s: float  # virtual seconds the engine was stepping
     wall_s: float  # real seconds the simulation took
     preemptions: int
+    bulk_steps: int = 0  # of ``steps``, taken in steady decode runs (``SimLoop``)
 
     def counts(self) -> dict[str, Any]:
         return {
@@ -65,6 +66,7 @@ class SimOutcome:
             "busy_s": self.busy_s,
             "wall_s": self.wall_s,
             "preemptions": self.preemptions,
+            "bulk_steps": self.bulk_steps,
         }
 
 
@@ -99,14 +101,16 @@ def simulate(
     cost_model: CostModel,
     server: ServerCost | None = None,
     speed: SpeedProfile | None = None,
+    bulk: bool = True,
 ) -> SimOutcome:
     """Run ``plan`` through the scheduler on the virtual clock; ``server``: the server's own
     time per cycle (none: the engine alone); ``speed``: every step x the machine's speed at
-    its start (none: as ``cost_model`` says)."""
+    its start (none: as ``cost_model`` says); ``bulk``: steady decode steps at once (the
+    same outcome; ``False``: one by one, ``SimLoop``)."""
     clock = VirtualClock()
     speed_now = None if speed is None else lambda: speed.at(clock.now())
     executor = SimExecutor(engine, cost_model, speed_now)
-    return run_workload(spec, plan, config, executor, clock, server)
+    return run_workload(spec, plan, config, executor, clock, server, bulk)
 
 
 def run_workload(
@@ -116,13 +120,14 @@ def run_workload(
     executor: Executor,
     clock: VirtualClock,
     server: ServerCost | None = None,
+    bulk: bool = True,
 ) -> SimOutcome:
     """Run ``plan`` through the scheduler on ``executor``, the clock moved by each step's
     ``total_s``: the simulated engine's cost model, or a real engine's wall time (the
     calibration's served phase: arrivals then come in engine time, idle gaps skipped)."""
     scheduler = Scheduler(config, executor.info, clock, token_events=False)  # results carry them
     client = _Client(spec, plan, executor.info.n_vocab)
-    loop = SimLoop(scheduler, executor, clock, client.on_finished, server)
+    loop = SimLoop(scheduler, executor, clock, client.on_finished, server, bulk)
     client.loop = loop
     started = time.perf_counter()
     client.start()
@@ -135,6 +140,7 @@ def run_workload(
         busy_s=loop.busy_s,
         wall_s=wall,
         preemptions=scheduler.num_preemptions,
+        bulk_steps=loop.bulk_steps,
     )
 
 

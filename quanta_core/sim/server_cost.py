@@ -38,6 +38,13 @@ class ServerCost:
             return self.per_cycle_s
         return self.per_cycle_s + self.per_token_s * streamed_tokens(plan)
 
+    def decode_seconds(self, n_seqs: int) -> float:
+        """``seconds`` of a plan in which ``n_seqs`` sequences each decode (and sample) one
+        token."""
+        if not self.per_token_s:
+            return self.per_cycle_s
+        return self.per_cycle_s + self.per_token_s * n_seqs
+
 
 def streamed_tokens(plan: StepPlan) -> int:
     """The tokens a step hands to streams: one per sampled slice."""

@@ -14,6 +14,7 @@ all are made by name in ``registry``. Hooks a policy may use, each a no-op here:
     room            how many tokens one more slice may take (after the running ones)
     on_progress     tokens computed and sampled for a request (fairness charging)
     on_left_running / on_finished / on_step     bookkeeping
+    steady_decodes  whether steps that only decode may be taken in bulk (the simulator)
 """
 
 from __future__ import annotations
@@ -126,6 +127,26 @@ class Policy(ABC):
 
     def on_step(self, plan: StepPlan, result: StepResult) -> None:  # noqa: B027
         """A step ran (for cost models)."""
+
+    def steady_decodes(self, running: Collection[Choice]) -> bool:
+        """Whether this policy's answers hold still while ``running`` only decodes: so long
+        as every running request gets one token a step and nothing else happens (no arrival,
+        start, finish, preemption, cancel), ``begin_cycle``, ``limits``, ``make_room``,
+        ``order_running``, ``defers``, ``room`` and ``may_start`` (of the queue's head, which
+        stays the head) give the same answers and change nothing, and the only bookkeeping
+        is ``on_progress`` (``on_step`` does nothing). Then the scheduler may take such steps
+        in bulk (``Scheduler.steady_decodes``). By default no: a policy that learns from
+        every step, or whose order moves with every token, runs step by step."""
+        return False
+
+    def on_decodes(self, choices: Sequence[Choice], steps: int) -> None:
+        """``steps`` steps in bulk, each sampling one token for every one of ``choices`` (in
+        this order): ``on_progress`` as those steps one by one would have called it."""
+        if type(self).on_progress is Policy.on_progress:
+            return  # nothing to charge
+        for _ in range(steps):
+            for r in choices:
+                self.on_progress(r, 0, 1)
 
     def after_warm_up(self, tenant: str) -> None:  # noqa: B027
         """The warm-up workload (``tenant``'s) is done: keep what it taught of step costs,

@@ -57,3 +57,6 @@ class FcfsPolicy(Policy):
 
     def may_start(self, r: Choice, running: Collection[Choice]) -> StartDecision:
         return StartDecision.START
+
+    def steady_decodes(self, running: Collection[Choice]) -> bool:
+        return True  # no state: every answer is fixed, the queue's order is arrival

@@ -105,6 +105,9 @@ class HorizonPolicy(VtcPolicy):
             return None
         return self.cost.room(n_seqs, n_tokens, self.config.step_target_s)
 
+    def steady_decodes(self, running: Collection[Choice]) -> bool:
+        return False  # it learns step costs from every step, and its keys move with tokens
+
     def on_step(self, plan: StepPlan, result: StepResult) -> None:
         seconds = result.timings.total_s or result.timings.engine_s
         n_tokens = sum(len(s.tokens) for s in plan.slices)

@@ -1,0 +1,86 @@
+"""Steps taken in bulk: a stretch of cycles that only decode, applied at once (the simulator).
+
+When every running request is decoding and nothing can change the scheduler's next plans but
+an event from outside (an arrival, a cancel), the next plans are known in advance: each
+running request gets one token a step, in the same order, no KV op, nothing admitted. The
+scheduler says how many such steps are certain (``Scheduler.steady_decodes``, a ``DecodeRun``);
+the simulator runs as many as end before its next event and hands the sampled tokens and the
+steps' end times to ``Scheduler.run_decodes``, which leaves every structure exactly as those
+cycles one by one would have:
+
+    cycle j (one by one)     schedule: grow each sequence, in slice order (a new block at a
+                             block boundary, from the free ones)
+                             update:   hash each full block, in slice order; one token each
+    in bulk                  all the grows in (step, slice) order, then all the hashes in
+                             (step, slice) order: grows touch the pool, hashes the cache, and
+                             a block is always grown before it is hashed in both orders
+
+What makes a step differ from the one before, and so ends a run (it is then taken one by one):
+a request's last token (it finishes), a block boundary with no free block left (a cached block
+would be evicted: a KV op), a waiting request that might start, a policy whose answers move
+with each step (``Policy.steady_decodes``), and any event from outside.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from quanta_core.kv.kv_manager import KvManager
+from quanta_core.scheduler.choice import Choice
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeRun:
+    """Up to ``steps`` steps in which each of ``choices`` (in slice order) decodes one token
+    a step, starting from ``starts`` computed tokens on sequences ``seqs``."""
+
+    choices: tuple[Choice, ...]
+    seqs: tuple[int, ...]
+    starts: tuple[int, ...]
+    owners: tuple[str, ...]
+    steps: int
+
+
+def grow_and_hash(kv: KvManager, run: DecodeRun, steps: int) -> None:
+    """The KV side of ``steps`` steps of ``run``, in the order the cycles would have done it
+    (the choices' tokens already hold what the steps sampled)."""
+    bs = kv.block_size
+    grows: list[tuple[int, int]] = []  # (step, slice): a token that needs a new block
+    hashes: list[tuple[int, int]] = []  # (step, slice): a step that fills a block
+    for i, (seq, start) in enumerate(zip(run.seqs, run.starts, strict=True)):
+        j = len(kv.table(seq)) * bs - start + 1  # the first step whose token needs a block
+        while j <= steps:
+            grows.append((j, i))
+            j += bs
+        j = bs - start % bs  # the first step after which a block is full
+        while j <= steps:
+            hashes.append((j, i))
+            j += bs
+    seqs, starts, choices = run.seqs, run.starts, run.choices
+    for j, i in sorted(grows):
+        if not kv.grow(seqs[i], starts[i] + j):
+            raise RuntimeError(f"a steady run of sequence {seqs[i]} found no free block")
+    for i, seq in enumerate(seqs):
+        kv.grow(seq, starts[i] + steps)  # within its blocks now: the reserved count alone
+    for j, i in sorted(hashes):
+        kv.commit(seqs[i], choices[i].tokens, starts[i] + j)
+
+
+def take_tokens(
+    r: Choice, tokens: Sequence[int], ends: Sequence[float], eog: frozenset[int]
+) -> None:
+    """``r`` sampled ``tokens``, one a step, at ``ends`` (none of them its last)."""
+    if not r.sampling.ignore_eos and not eog.isdisjoint(tokens):
+        raise RuntimeError(f"{r.owner}: a bulk step sampled an end-of-generation token")
+    if r.first_token is None:
+        r.first_token = ends[0]
+    r.tokens.extend(tokens)
+    r.token_times.extend(ends)
+    if r.sampling.logprobs is not None:
+        r.logprobs.extend([None] * len(tokens))
+        r.top_logprobs.extend([()] * len(tokens))
+    r.num_computed_tokens += len(tokens)
+    r.needs_replay = False
+    r.has_sampler = True
+    r.restored_key = None

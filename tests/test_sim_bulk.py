@@ -1,0 +1,147 @@
+"""Steady decode steps taken in bulk give the same simulation as steps one by one.
+
+The simulator takes the steps in which every running request only decodes in runs
+(``Scheduler.steady_decodes``, ``SimLoop``); these workloads are run both ways, under the
+policies that take runs (``fcfs``, ``vtc``) and those that always step (``quanta``, ``horizon``,
+``slo``), and every request's record (token times, first token, finish, tokens, preemptions)
+and the run's counts must be equal, not close.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from quanta_core.engine.types import SeqSlice, StepPlan
+from quanta_core.requests import SloClass
+from quanta_core.scheduler import SchedulerConfig
+from quanta_core.scheduler.config import PolicyName
+from quanta_core.sim.cost_model import CostModel, decode_features, features_of
+from quanta_core.sim.run import SimOutcome, sim_engine_info, simulate
+from quanta_core.sim.server_cost import ServerCost
+from quanta_core.workload import TenantSpec, WorkloadSpec, build_plan
+from quanta_core.workload.lengths import DistKind, LengthDist
+
+# Every term non-zero: the context lengths, the batch and the idle (cached) cells all count.
+MODEL = CostModel(
+    per_pass=0.006,
+    per_batched_pass=0.004,
+    per_decode=0.003,
+    per_prefill=0.002,
+    per_attended=0.0004,
+    per_batch_kv=0.011,
+    per_kv_held=0.0013,
+    per_stash=1e-5,
+    per_restore=2e-5,
+    per_idle_kv=0.0007,
+    per_batch_idle=0.0021,
+)
+
+
+def _uniform(lo: int, hi: int) -> LengthDist:
+    return LengthDist(kind=DistKind.UNIFORM, min=lo, max=hi)
+
+
+def _burst() -> WorkloadSpec:
+    """Issue 22's KV-bound burst: 24 at once, prompts 50-100, answers 150-300."""
+    tenant = TenantSpec(name="t", prompt=_uniform(50, 100), output=_uniform(150, 300))
+    return WorkloadSpec(name="burst", tenants=(tenant,), requests=24, rate=float("inf"))
+
+
+def _two_tenants() -> WorkloadSpec:
+    """Open loop, arrivals during the runs, weighted tenants and a shared system prompt."""
+    tenants = (
+        TenantSpec(
+            name="a",
+            weight=2.0,
+            prompt=_uniform(20, 90),
+            output=_uniform(20, 160),
+            prefix_tokens=32,
+        ),
+        TenantSpec(
+            name="b", slo_class=SloClass.BATCH, prompt=_uniform(10, 200), output=_uniform(5, 220)
+        ),
+    )
+    return WorkloadSpec(name="two", tenants=tenants, requests=60, rate=4.0, seed=7)
+
+
+def _run(spec: WorkloadSpec, config: SchedulerConfig, bulk: bool) -> SimOutcome:
+    engine = sim_engine_info(n_ctx=2048, n_seq_max=16, n_batch=512)
+    server = ServerCost(per_cycle_s=0.0007, per_token_s=0.0001)
+    return simulate(spec, build_plan(spec), config, engine, MODEL, server, bulk=bulk)
+
+
+def _same(spec: WorkloadSpec, config: SchedulerConfig) -> tuple[SimOutcome, SimOutcome]:
+    bulk, one_by_one = _run(spec, config, True), _run(spec, config, False)
+    assert one_by_one.bulk_steps == 0
+    assert bulk.records == one_by_one.records
+    counts = {**bulk.counts(), "wall_s": None, "bulk_steps": None}
+    assert counts == {**one_by_one.counts(), "wall_s": None, "bulk_steps": None}
+    return bulk, one_by_one
+
+
+POLICIES = [PolicyName.FCFS, PolicyName.VTC, PolicyName.QUANTA, PolicyName.HORIZON, PolicyName.SLO]
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("blocks", [40, 128])
+def test_a_kv_bound_burst_is_the_same_in_bulk(policy: PolicyName, blocks: int) -> None:
+    config = SchedulerConfig(
+        policy=policy, num_kv_blocks=blocks, token_budget=128, check_integrity=True
+    )
+    bulk, _ = _same(_burst(), config)
+    assert any(r.ok and r.n_output > 0 for r in bulk.records)
+    if policy is PolicyName.FCFS and blocks == 40:
+        assert bulk.preemptions > 0  # memory pressure was exercised
+    if policy in (PolicyName.FCFS, PolicyName.VTC):
+        assert bulk.bulk_steps > bulk.steps // 2  # and most steps were taken in runs
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_arrivals_tenants_and_a_shared_prefix_are_the_same_in_bulk(policy: PolicyName) -> None:
+    config = SchedulerConfig(
+        policy=policy,
+        num_kv_blocks=64,
+        token_budget=64,
+        prefix_cache_tokens=256,
+        check_integrity=True,
+    )
+    bulk, _ = _same(_two_tenants(), config)
+    if policy is PolicyName.FCFS:
+        assert bulk.bulk_steps > 0 and bulk.preemptions > 0
+
+
+def test_recompute_only_preemptions_are_the_same_in_bulk() -> None:
+    # No host RAM for stashes: every preemption drops its KV and recomputes (replays).
+    config = SchedulerConfig(
+        policy=PolicyName.FCFS, num_kv_blocks=40, stash_budget_bytes=0, check_integrity=True
+    )
+    bulk, _ = _same(_burst(), config)
+    assert bulk.preemptions > 0 and bulk.bulk_steps > 0
+
+
+def test_decode_features_are_those_of_a_decode_plan() -> None:
+    lengths = {0: 40, 1: 17, 2: 300, 5: 64}  # 5 and 2 hold cells outside the batch
+    plan = StepPlan(
+        (),
+        (
+            SeqSlice(seq=0, tokens=(7,), start_pos=40, sample=True),
+            SeqSlice(seq=1, tokens=(9,), start_pos=17, sample=True),
+        ),
+        (),
+    )
+    held, idle = 40 + 1 + 17 + 1, 300 + 64
+    assert decode_features(2, held, idle) == features_of(plan, lengths, {})
+
+
+def test_a_speed_profile_steps_one_by_one() -> None:
+    # The machine's speed is read at each step's start: no bulk runs.
+    spec = dataclasses.replace(_burst(), requests=4)
+    config = SchedulerConfig(policy=PolicyName.FCFS)
+    engine = sim_engine_info(n_ctx=2048, n_seq_max=16, n_batch=512)
+    from quanta_core.sim.step_trace import SpeedProfile
+
+    profile = SpeedProfile(bin_s=1.0, factors=(1.0, 2.0))
+    outcome = simulate(spec, build_plan(spec), config, engine, MODEL, speed=profile)
+    assert outcome.bulk_steps == 0 and outcome.steps > 0
