@@ -17,7 +17,7 @@ from quanta_core.engine.types import SeqSlice, StepPlan
 from quanta_core.requests import SloClass
 from quanta_core.scheduler import SchedulerConfig
 from quanta_core.scheduler.config import PolicyName
-from quanta_core.sim.cost_model import CostModel, decode_features, features_of
+from quanta_core.sim.cost_model import CostModel, attended_pairs, features_of, steady_features
 from quanta_core.sim.run import SimOutcome, sim_engine_info, simulate
 from quanta_core.sim.server_cost import ServerCost
 from quanta_core.workload import TenantSpec, WorkloadSpec, build_plan
@@ -66,6 +66,16 @@ def _two_tenants() -> WorkloadSpec:
     return WorkloadSpec(name="two", tenants=tenants, requests=60, rate=4.0, seed=7)
 
 
+def _long_prompts() -> WorkloadSpec:
+    """Prompts of several chunks, prefilled beside running streams; two tenants (their
+    counters charged by the chunks decide who starts when both wait)."""
+    tenants = tuple(
+        TenantSpec(name=name, weight=w, prompt=_uniform(150, 600), output=_uniform(20, 120))
+        for name, w in (("a", 1.0), ("b", 3.0))
+    )
+    return WorkloadSpec(name="long", tenants=tenants, requests=40, rate=1.5, seed=3)
+
+
 def _run(spec: WorkloadSpec, config: SchedulerConfig, bulk: bool) -> SimOutcome:
     engine = sim_engine_info(n_ctx=2048, n_seq_max=16, n_batch=512)
     server = ServerCost(per_cycle_s=0.0007, per_token_s=0.0001)
@@ -76,6 +86,7 @@ def _same(spec: WorkloadSpec, config: SchedulerConfig) -> tuple[SimOutcome, SimO
     bulk, one_by_one = _run(spec, config, True), _run(spec, config, False)
     assert one_by_one.bulk_steps == 0
     assert bulk.records == one_by_one.records
+    assert bulk.tenants == one_by_one.tenants  # the fair counters, to the last bit
     counts = {**bulk.counts(), "wall_s": None, "bulk_steps": None}
     assert counts == {**one_by_one.counts(), "wall_s": None, "bulk_steps": None}
     return bulk, one_by_one
@@ -112,6 +123,17 @@ def test_arrivals_tenants_and_a_shared_prefix_are_the_same_in_bulk(policy: Polic
         assert bulk.bulk_steps > 0 and bulk.preemptions > 0
 
 
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("blocks", [48, 256])
+def test_prompts_prefilled_in_chunks_are_the_same_in_bulk(policy: PolicyName, blocks: int) -> None:
+    config = SchedulerConfig(
+        policy=policy, num_kv_blocks=blocks, token_budget=48, check_integrity=True
+    )
+    bulk, _ = _same(_long_prompts(), config)
+    if policy in (PolicyName.FCFS, PolicyName.VTC):
+        assert bulk.bulk_steps > bulk.steps // 5
+
+
 def test_recompute_only_preemptions_are_the_same_in_bulk() -> None:
     # No host RAM for stashes: every preemption drops its KV and recomputes (replays).
     config = SchedulerConfig(
@@ -121,18 +143,21 @@ def test_recompute_only_preemptions_are_the_same_in_bulk() -> None:
     assert bulk.preemptions > 0 and bulk.bulk_steps > 0
 
 
-def test_decode_features_are_those_of_a_decode_plan() -> None:
+def test_steady_features_are_those_of_the_plan() -> None:
     lengths = {0: 40, 1: 17, 2: 300, 5: 64}  # 5 and 2 hold cells outside the batch
-    plan = StepPlan(
-        (),
-        (
-            SeqSlice(seq=0, tokens=(7,), start_pos=40, sample=True),
-            SeqSlice(seq=1, tokens=(9,), start_pos=17, sample=True),
-        ),
-        (),
+    decodes = (
+        SeqSlice(seq=0, tokens=(7,), start_pos=40, sample=True),
+        SeqSlice(seq=1, tokens=(9,), start_pos=17, sample=True),
     )
     held, idle = 40 + 1 + 17 + 1, 300 + 64
-    assert decode_features(2, held, idle) == features_of(plan, lengths, {})
+    plan = StepPlan((), decodes, ())
+    assert steady_features(2, 1, held, held, idle) == features_of(plan, lengths, {})
+    # and with a prompt's chunk of 6 tokens from position 64 (sequence 5, now in the batch)
+    chunk = SeqSlice(seq=5, tokens=(3,) * 6, start_pos=64)
+    plan = StepPlan((), (*decodes, chunk), ())
+    pairs = held + attended_pairs(64, 6)
+    expected = features_of(plan, lengths, {})
+    assert steady_features(2, 6, pairs, held + 64 + 6, 300) == expected
 
 
 def test_a_speed_profile_steps_one_by_one() -> None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -261,28 +261,30 @@ class KvManager:
         num_new = min(len(tokens) - n_stashed, budget)
         return num_new > 0 and cdiv(n_stashed + num_new, self.block_size) > self.num_free_blocks
 
-    def decode_steps_from_free(self, seqs: Sequence[tuple[int, int]], limit: int) -> int:
-        """The most steps (up to ``limit``) in which each ``(seq, computed)`` grows a token a
-        step with the blocks it lacks all taken from free ones (no cached block evicted)."""
+    def num_blocks_of(self, seq: int) -> int:
+        return len(self._seqs[seq].table)
+
+    def steps_from_free(self, seqs: Sequence[tuple[int, int, int]], limit: int) -> int:
+        """The most steps (up to ``limit``) in which each ``(seq, computed, per_step)`` grows
+        ``per_step`` tokens a step with the blocks it lacks all taken from free ones (no
+        cached block evicted)."""
         bs = self.block_size
-        firsts = []  # for each sequence, the step whose token needs its first new block
-        for seq, computed in seqs:
-            firsts.append(len(self._seqs[seq].table) * bs - computed + 1)
-
-        def blocks(steps: int) -> int:
-            return sum((steps - f) // bs + 1 for f in firsts if f <= steps)
-
+        needs: list[int] = []  # the step that needs each new block, one entry per block
+        for seq, computed, n in seqs:
+            reserved = len(self._seqs[seq].table) * bs
+            if n == 1:
+                needs.extend(range(reserved - computed + 1, limit + 1, bs))
+                continue
+            for j in range(1, limit + 1):
+                end = computed + n * j
+                while end > reserved:
+                    needs.append(j)
+                    reserved += bs
         free = self.pool.num_free
-        if blocks(limit) <= free:
+        if len(needs) <= free:
             return limit
-        lo, hi = 0, limit  # blocks(lo) <= free < blocks(hi)
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if blocks(mid) <= free:
-                lo = mid
-            else:
-                hi = mid
-        return lo
+        needs.sort()
+        return needs[free] - 1  # the step before the first block beyond the free ones
 
     def _allocate_plain(self, tokens: Sequence[int], budget: int) -> Allocation | None:
         num_new = min(len(tokens), budget)
@@ -340,12 +342,13 @@ class KvManager:
         bs = self.block_size
         if num_computed // bs <= len(st.hashes):
             return  # no block filled up
-        parent = st.hashes[-1] if st.hashes else ROOT_HASH
-        for i in range(len(st.hashes), num_computed // bs):
+        hashes, table, register = st.hashes, st.table, self.cache.register
+        parent = hashes[-1] if hashes else ROOT_HASH
+        for i in range(len(hashes), num_computed // bs):
             key = block_key(parent, tokens[i * bs : (i + 1) * bs])
             parent = hash(key)
-            st.hashes.append(parent)
-            self.cache.register(st.table[i], parent, key)
+            hashes.append(parent)
+            register(table[i], parent, key)
 
     def free(self, seq: int, num_computed: int, keep_cache: bool = True) -> None:
         """A running sequence is done: keep its hashed full blocks as a cache holder, or drop it."""
@@ -356,8 +359,7 @@ class KvManager:
             keep = min(len(st.hashes), num_computed // bs)
             while keep and st.table[keep - 1].hash is None:
                 keep -= 1
-        for b in reversed(st.table[keep:]):
-            self._let_go(b, seq, active=True)
+        self._let_go_active(reversed(st.table[keep:]), seq)
         del st.table[keep:]
         del st.hashes[keep:]
         self._ops.append(Truncate(seq=seq, start=keep * bs))
@@ -378,8 +380,7 @@ class KvManager:
         """Move ``seq``'s KV to host RAM (the engine frees the sequence) and drop its blocks."""
         st = self._active(seq, "stash")
         self._ops.append(Stash(seq=seq, key=key))
-        for b in reversed(st.table):
-            self._let_go(b, seq, active=True)
+        self._let_go_active(reversed(st.table), seq)
         self._release_seq(seq)
 
     def drop_stash(self, key: str) -> None:
@@ -404,12 +405,16 @@ class KvManager:
         return st
 
     def _reserve(self, st: SeqTable, num_tokens: int) -> None:
-        for _ in range(cdiv(num_tokens, self.block_size) - len(st.table)):
-            if not self.pool.free:
+        pool, seq, table = self.pool, st.seq, st.table
+        for depth in range(len(table), cdiv(num_tokens, self.block_size)):
+            if not pool.free:
                 self._evict_oldest_cached()
-            block = self.pool.take_free(depth=len(st.table))
-            self._hold(block, st.seq, active=True)
-            st.table.append(block)
+            block = pool.take_free(depth)
+            # ``_hold(block, seq, active=True)`` of a free block (nobody holds it: not cached),
+            # inline: a long prompt reserves dozens of blocks at once.
+            block.seqs.add(seq)
+            block.n_active += 1
+            table.append(block)
         st.num_tokens = max(st.num_tokens, num_tokens)
 
     def _trim_cache(self) -> None:
@@ -476,6 +481,22 @@ class KvManager:
             block.n_active += 1
             if was_cached:
                 self.pool.unmark_cached(block)
+
+    def _let_go_active(self, blocks: Iterable[Block], seq: int) -> None:
+        """``_let_go(b, seq, active=True)`` of each of ``blocks`` in turn, inline: a finished
+        or preempted sequence lets go of all its blocks at once."""
+        pool, cache = self.pool, self.cache
+        for b in blocks:
+            seqs = b.seqs
+            if seq not in seqs:
+                raise KvIntegrityError(f"sequence {seq} lets go of block {b.block_id} twice")
+            seqs.remove(seq)
+            b.n_active -= 1
+            if not seqs:
+                cache.forget(b)
+                pool.release(b)
+            elif not b.n_active:
+                pool.mark_cached(b)
 
     def _let_go(self, block: Block, seq: int, active: bool) -> None:
         if seq not in block.seqs:

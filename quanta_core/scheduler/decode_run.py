@@ -1,24 +1,29 @@
-"""Steps taken in bulk: a stretch of cycles that only decode, applied at once (the simulator).
+"""Steps taken in bulk: a stretch of cycles whose plans are known in advance (the simulator).
 
-When every running request is decoding and nothing can change the scheduler's next plans but
-an event from outside (an arrival, a cancel), the next plans are known in advance: each
-running request gets one token a step, in the same order, no KV op, nothing admitted. The
-scheduler says how many such steps are certain (``Scheduler.steady_decodes``, a ``DecodeRun``);
-the simulator runs as many as end before its next event and hands the sampled tokens and the
-steps' end times to ``Scheduler.run_decodes``, which leaves every structure exactly as those
-cycles one by one would have:
+When every running request is decoding (and at most one, last in the slice order, is being
+prefilled a chunk of what the budget leaves), and nothing can change the scheduler's next
+plans but an event from outside (an arrival, a cancel), the next plans are certain: each
+decoding request gets one token a step, the prompt its next chunk, in the same order, no KV op,
+nothing admitted. The scheduler says how many such steps are certain
+(``Scheduler.steady_decodes``, a ``DecodeRun``); the simulator runs as many as end before its
+next event and hands the sampled tokens and the steps' end times to
+``Scheduler.run_decodes``, which leaves every structure exactly as those cycles one by one
+would have:
 
-    cycle j (one by one)     schedule: grow each sequence, in slice order (a new block at a
+    cycle j (one by one)     schedule: grow each sequence, in slice order (new blocks at a
                              block boundary, from the free ones)
                              update:   hash each full block, in slice order; one token each
+                             decoding request, the chunk charged to the prompt's tenant
     in bulk                  all the grows in (step, slice) order, then all the hashes in
                              (step, slice) order: grows touch the pool, hashes the cache, and
-                             a block is always grown before it is hashed in both orders
+                             a block is always grown before it is hashed in both orders; the
+                             policy's charges in (step, slice) order (``on_steady_steps``)
 
 What makes a step differ from the one before, and so ends a run (it is then taken one by one):
-a request's last token (it finishes), a block boundary with no free block left (a cached block
-would be evicted: a KV op), a waiting request that might start, a policy whose answers move
-with each step (``Policy.steady_decodes``), and any event from outside.
+a request's last token (it finishes), a prompt's last chunk (it samples, and leaves budget to
+admit with), a block boundary with no free block left (a cached block would be evicted: a KV
+op), a waiting request that might start, a policy whose answers move with each step
+(``Policy.steady_decodes``), and any event from outside.
 """
 
 from __future__ import annotations
@@ -32,39 +37,57 @@ from quanta_core.scheduler.choice import Choice
 
 @dataclass(frozen=True, slots=True)
 class DecodeRun:
-    """Up to ``steps`` steps in which each of ``choices`` (in slice order) decodes one token
-    a step, starting from ``starts`` computed tokens on sequences ``seqs``."""
+    """Up to ``steps`` steps of the slices of ``choices`` (in slice order) on ``seqs``,
+    which hold ``starts`` computed tokens: one token a step each, except the last one's
+    ``chunk`` when that is above 1 (a prompt's chunk, nothing sampled). ``owners``: the
+    sampler of each choice that samples (the decoding ones)."""
 
     choices: tuple[Choice, ...]
     seqs: tuple[int, ...]
     starts: tuple[int, ...]
     owners: tuple[str, ...]
     steps: int
+    chunk: int = 1
+
+    def per_step(self, i: int) -> int:
+        """Tokens slice ``i`` computes a step."""
+        return self.chunk if i == len(self.seqs) - 1 else 1
 
 
 def grow_and_hash(kv: KvManager, run: DecodeRun, steps: int) -> None:
     """The KV side of ``steps`` steps of ``run``, in the order the cycles would have done it
     (the choices' tokens already hold what the steps sampled)."""
     bs = kv.block_size
-    grows: list[tuple[int, int]] = []  # (step, slice): a token that needs a new block
-    hashes: list[tuple[int, int]] = []  # (step, slice): a step that fills a block
+    grows: list[tuple[int, int]] = []  # (step, slice): a step whose slice needs new blocks
+    hashes: list[tuple[int, int]] = []  # (step, slice): a step after which a block is full
     for i, (seq, start) in enumerate(zip(run.seqs, run.starts, strict=True)):
-        j = len(kv.table(seq)) * bs - start + 1  # the first step whose token needs a block
-        while j <= steps:
-            grows.append((j, i))
-            j += bs
-        j = bs - start % bs  # the first step after which a block is full
-        while j <= steps:
-            hashes.append((j, i))
-            j += bs
+        n = run.per_step(i)
+        reserved = kv.num_blocks_of(seq) * bs
+        if n == 1:
+            j = reserved - start + 1  # the first step whose token needs a block
+            while j <= steps:
+                grows.append((j, i))
+                j += bs
+            j = bs - start % bs  # the first step after which a block is full
+            while j <= steps:
+                hashes.append((j, i))
+                j += bs
+            continue
+        for j in range(1, steps + 1):
+            end = start + n * j
+            if end > reserved:
+                grows.append((j, i))
+                reserved = -(-end // bs) * bs
+            if end // bs > (end - n) // bs:
+                hashes.append((j, i))
     seqs, starts, choices = run.seqs, run.starts, run.choices
     for j, i in sorted(grows):
-        if not kv.grow(seqs[i], starts[i] + j):
+        if not kv.grow(seqs[i], starts[i] + run.per_step(i) * j):
             raise RuntimeError(f"a steady run of sequence {seqs[i]} found no free block")
     for i, seq in enumerate(seqs):
-        kv.grow(seq, starts[i] + steps)  # within its blocks now: the reserved count alone
+        kv.grow(seq, starts[i] + run.per_step(i) * steps)  # within its blocks: the count alone
     for j, i in sorted(hashes):
-        kv.commit(seqs[i], choices[i].tokens, starts[i] + j)
+        kv.commit(seqs[i], choices[i].tokens, starts[i] + run.per_step(i) * j)
 
 
 def take_tokens(
@@ -84,3 +107,15 @@ def take_tokens(
     r.needs_replay = False
     r.has_sampler = True
     r.restored_key = None
+
+
+def prefill_chunks(r: Choice, chunk: int, steps: int) -> list[int]:
+    """``r`` was prefilled ``chunk`` tokens a step for ``steps`` steps (none sampled): the
+    prompt tokens each step computed for the first time (what its tenant is charged)."""
+    charges = []
+    start = r.num_computed_tokens
+    for j in range(steps):
+        charges.append(r.charge_input(start + chunk * j, start + chunk * (j + 1)))
+    r.num_computed_tokens = start + chunk * steps
+    r.restored_key = None
+    return charges

@@ -44,7 +44,12 @@ from quanta_core.requests import (
 from quanta_core.scheduler.admission import AdmissionDecision, AdmissionVerdict
 from quanta_core.scheduler.choice import Choice, ChoiceStatus
 from quanta_core.scheduler.config import SchedulerConfig, StepLimits
-from quanta_core.scheduler.decode_run import DecodeRun, grow_and_hash, take_tokens
+from quanta_core.scheduler.decode_run import (
+    DecodeRun,
+    grow_and_hash,
+    prefill_chunks,
+    take_tokens,
+)
 from quanta_core.scheduler.handle import Event
 from quanta_core.scheduler.policies import make_policy
 from quanta_core.scheduler.policies.base import StartDecision, TenantStats
@@ -465,36 +470,61 @@ class Scheduler:
 
     def steady_decodes(self, limit: int) -> DecodeRun | None:
         """The next cycles, if nothing comes from outside, while their plans are certain:
-        every running request decodes one token a step in the same order, no KV op, nothing
-        starts, finishes or is preempted (``decode_run``). At most ``limit`` steps; ``None``
-        when fewer than two are certain. Changes nothing."""
+        every running request decodes one token a step in the same order, and one of them,
+        last in that order, may be prefilled a chunk of what the budget leaves a step (not
+        its last chunk); no KV op, nothing starts, finishes or is preempted
+        (``decode_run``). At most ``limit`` steps; ``None`` when fewer than two are certain.
+        Changes nothing."""
         running, policy = self._running, self.policy
         if self.token_events or self._cancels or self._release or not running:
             return None
-        if not policy.steady_decodes(running):
+        steps, max_seq = limit, self.max_seq_tokens
+        prefilling: Choice | None = None
+        for r in running:  # the cheap tests first: they fail most cycles that are not steady
+            n_tokens = len(r.tokens)
+            if r.siblings_blocked:
+                return None
+            if n_tokens - r.num_computed_tokens != 1:
+                if prefilling is not None:
+                    return None  # two prompts share what is left: step by step
+                prefilling = r
+                continue
+            if r.needs_replay or r.charged_input < r.prompt_len:
+                return None
+            # Its last token's step finishes it: that one is taken one by one.
+            steps = min(steps, min(r.prompt_len + r.max_tokens, max_seq) - n_tokens - 1)
+        if steps < 2 or not policy.steady_decodes(running):
             return None
         limits = policy.limits(running, self.base_limits)
         order = policy.order_running(list(running))
         n = len(order)
         if n != len(running) or n > limits.token_budget or policy.make_room(running, limits):
             return None
-        steps = limit
-        for r in order:
-            if r.num_tokens - r.num_computed_tokens != 1 or r.needs_replay or policy.defers(r):
+        if any(policy.defers(r) for r in order):
+            return None
+        chunk = 1
+        if prefilling is not None:
+            # Last, it takes all the budget leaves (so nothing is admitted beside it); its
+            # last chunk samples and leaves budget over: that step is taken one by one.
+            chunk = limits.token_budget - (n - 1)
+            if order[-1] is not prefilling or chunk < 2:
                 return None
-            if r.charged_input < r.prompt_len or r.siblings_blocked:
-                return None
-            # Its last token's step finishes it: that one is taken one by one.
-            last = min(r.prompt_len + r.max_tokens, self.max_seq_tokens) - r.num_tokens
-            steps = min(steps, last - 1)
-        if steps < 2 or (policy.waiting and not self._nothing_starts(n, limits)):
+            todo = prefilling.num_tokens - prefilling.num_computed_tokens
+            steps = min(steps, (todo - 1) // chunk)
+        elif policy.waiting and not self._nothing_starts(n, limits):
+            return None
+        if steps < 2:
             return None
         seqs = tuple(r.seq for r in order if r.seq is not None)
         starts = tuple(r.num_computed_tokens for r in order)
-        steps = self.kv.decode_steps_from_free(list(zip(seqs, starts, strict=True)), steps)
+        per_step = [1] * len(seqs)
+        per_step[-1] = chunk
+        steps = self.kv.steps_from_free(list(zip(seqs, starts, per_step, strict=True)), steps)
         if steps < 2:
             return None
-        return DecodeRun(tuple(order), seqs, starts, tuple(r.owner for r in order), steps)
+        sampled = order if chunk == 1 else order[:-1]
+        owners = tuple(r.owner for r in sampled)
+        return DecodeRun(tuple(order), seqs, starts, owners, steps, chunk)
 
     def _nothing_starts(self, n_decoding: int, limits: StepLimits) -> bool:
         """Whether ``_start_waiting`` beside ``n_decoding`` decodes starts nobody, now and
@@ -529,17 +559,22 @@ class Scheduler:
     ) -> None:
         """Take in ``steps`` (at most ``run.steps``) steps of ``run`` at once, as ``schedule``
         and ``update`` one by one would have: ``tokens[i]`` are what ``run.choices[i]``
-        sampled, one a step, the steps ending at ``ends``. No token may end a generation
-        (the simulated engine never samples one)."""
+        sampled (the decoding ones), one a step, the steps ending at ``ends``. No token may
+        end a generation (the simulated engine never samples one)."""
         if not 0 < steps <= run.steps or len(ends) != steps:
             raise ValueError(f"{steps} steps ({len(ends)} ends) of a run of {run.steps}")
+        decoding = run.choices if run.chunk == 1 else run.choices[:-1]
         eog = self.eog
-        for r, sampled in zip(run.choices, tokens, strict=True):
+        for r, sampled in zip(decoding, tokens, strict=True):
             if r.status is not _RUNNING or len(sampled) != steps:
                 raise RuntimeError(f"{r.owner} is not in the steady run it was handed")
             take_tokens(r, sampled, ends, eog)
+        prefill, charges = None, []
+        if run.chunk > 1:
+            prefill = run.choices[-1]
+            charges = prefill_chunks(prefill, run.chunk, steps)
         grow_and_hash(self.kv, run, steps)
-        self.policy.on_decodes(run.choices, steps)
+        self.policy.on_steady_steps(decoding, steps, prefill, charges)
         if self.config.check_integrity:
             self.check_integrity()
 

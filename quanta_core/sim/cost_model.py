@@ -170,22 +170,25 @@ def features_of(
     )
 
 
-def decode_features(n_seqs: int, held: int, idle: int) -> StepFeatures:
-    """``features_of`` a step in which ``n_seqs`` sequences decode one token each, holding
-    ``held`` cells once it is in (so attending ``held`` pairs), ``idle`` cells held by the
-    others: the same numbers, computed the same way, without a plan."""
+def steady_features(n_decode: int, chunk: int, pairs: int, held: int, idle: int) -> StepFeatures:
+    """``features_of`` a step of ``n_decode`` one-token slices and, if ``chunk`` > 1, one
+    prefill slice of ``chunk`` tokens: ``pairs`` attended in all, ``held`` cells once it is
+    in, ``idle`` cells held by the others. The same numbers, computed the same way, without
+    a plan (the simulator's steady runs)."""
+    prefill = chunk if chunk > 1 else 0
+    batch = n_decode + prefill
     return StepFeatures._make(
         (
-            n_seqs,
-            n_seqs,
-            0,
-            held / 1000.0,
-            n_seqs * held / 1e6,
+            n_decode + (prefill > 0),
+            n_decode,
+            prefill,
+            pairs / 1000.0,
+            batch * held / 1e6,
             held / 1000.0,
             0,
             0,
             idle / 1000.0,
-            n_seqs * idle / 1e6,
+            batch * idle / 1e6,
         )
     )
 

@@ -35,7 +35,7 @@ from quanta_core.engine.types import (
     StepResult,
     StepTimings,
 )
-from quanta_core.sim.cost_model import CostModel, decode_features, features_of
+from quanta_core.sim.cost_model import CostModel, features_of, steady_features
 
 _MIX = 2654435761  # Knuth's multiplicative hash: spreads k over 32 bits
 
@@ -92,32 +92,51 @@ class SimExecutor:
     def decodes_in_bulk(self) -> bool:
         return self._speed is None
 
-    def decode_seconds(self, seqs: Sequence[int]) -> Iterator[float]:
-        """The seconds of each next step in which every one of ``seqs`` decodes one token
-        (``step`` of those plans would say the same), for as many steps as are asked."""
+    def decode_seconds(self, seqs: Sequence[int], chunk: int = 1) -> Iterator[float]:
+        """The seconds of each next step in which every one of ``seqs`` decodes one token,
+        the last one a prompt's ``chunk`` instead when it is above 1 (``step`` of those plans
+        would say the same), for as many steps as are asked."""
         lengths = self._mirror.lengths
-        n = len(seqs)
         held = sum(lengths.get(seq, 0) for seq in seqs)
         idle = sum(lengths.values()) - held  # cells of the sequences outside the batch
         predict = self.cost_model.predict
+        if chunk == 1:
+            n = len(seqs)
+            while True:
+                held += n  # each slice's own attention: its start + 1 pairs, as its cells
+                yield predict(steady_features(n, 1, held, held, idle))
+        n = len(seqs) - 1
+        start = lengths.get(seqs[-1], 0)  # the prompt's
+        decoded = held - start  # the decoding sequences' cells before the step
+        tail = chunk * (chunk + 1) // 2
         while True:
-            held += n
-            yield predict(decode_features(n, held, idle))
+            decoded += n
+            pairs = decoded + chunk * start + tail  # attended_pairs(start, chunk)
+            start += chunk
+            yield predict(steady_features(n, chunk, pairs, decoded + start, idle))
 
     def decode(
-        self, seqs: Sequence[int], starts: Sequence[int], owners: Sequence[str], steps: int
+        self,
+        seqs: Sequence[int],
+        starts: Sequence[int],
+        owners: Sequence[str],
+        steps: int,
+        chunk: int = 1,
     ) -> list[list[int]]:
         """Run ``steps`` steps in which sequence ``seqs[i]``, holding ``starts[i]`` tokens,
-        decodes one token a step for ``owners[i]``: the tokens each sampled, in order."""
+        decodes one token a step for ``owners[i]`` (the last one a prompt's ``chunk``
+        instead, sampling nothing, when ``chunk`` is above 1): the tokens each sampled."""
         mirror = self._mirror
         lengths = mirror.lengths
-        if len(seqs) > mirror.n_batch:
-            raise EngineInputError(f"batch of {len(seqs)} tokens is over n_batch")
-        for seq, start in zip(seqs, starts, strict=True):
-            if lengths.get(seq, 0) != start or start + steps > mirror.n_ctx:
-                raise EngineInputError(f"sequence {seq}: {steps} decodes from {start} do not fit")
-        for seq in seqs:
-            lengths[seq] += steps
+        per_step = [1] * len(seqs)
+        per_step[-1] = chunk
+        if sum(per_step) > mirror.n_batch:
+            raise EngineInputError(f"batch of {sum(per_step)} tokens is over n_batch")
+        for seq, start, n in zip(seqs, starts, per_step, strict=True):
+            if lengths.get(seq, 0) != start or start + n * steps > mirror.n_ctx:
+                raise EngineInputError(f"sequence {seq}: {steps} steps from {start} do not fit")
+        for seq, n in zip(seqs, per_step, strict=True):
+            lengths[seq] += n * steps
         return [self._sample_run(owner, steps) for owner in owners]
 
     def _sample_run(self, owner: str, steps: int) -> list[int]:

@@ -142,11 +142,11 @@ class SimLoop:
         run = sched.steady_decodes(MAX_RUN_STEPS)
         if run is None:
             return now
-        server_s = self.server.decode_seconds(len(run.seqs))
+        server_s = self.server.decode_seconds(len(run.owners))
         due = self.queue.next_time()
         ends: list[float] = []
         busy = self.busy_s
-        for seconds in islice(executor.decode_seconds(run.seqs), run.steps):
+        for seconds in islice(executor.decode_seconds(run.seqs, run.chunk), run.steps):
             end = now + seconds + server_s  # as a step one by one ends
             if end >= due:
                 break  # that step's end is queued behind what is due: it is taken alone
@@ -155,7 +155,7 @@ class SimLoop:
             now = end
         if not ends:
             return now
-        tokens = executor.decode(run.seqs, run.starts, run.owners, len(ends))
+        tokens = executor.decode(run.seqs, run.starts, run.owners, len(ends), run.chunk)
         self.steps += len(ends)
         self.bulk_steps += len(ends)
         self.busy_s = busy

@@ -32,6 +32,7 @@ from quanta_core.requests import (
     RejectionKind,
 )
 from quanta_core.scheduler.config import SchedulerConfig
+from quanta_core.scheduler.policies.base import TenantStats
 from quanta_core.scheduler.scheduler import Scheduler
 from quanta_core.sim.cost_model import CostModel
 from quanta_core.sim.executor import SimExecutor
@@ -57,6 +58,7 @@ class SimOutcome:
     wall_s: float  # real seconds the simulation took
     preemptions: int
     bulk_steps: int = 0  # of ``steps``, taken in steady decode runs (``SimLoop``)
+    tenants: tuple[TenantStats, ...] = ()  # the fair policies' counters at the end
 
     def counts(self) -> dict[str, Any]:
         return {
@@ -141,6 +143,7 @@ def run_workload(
         wall_s=wall,
         preemptions=scheduler.num_preemptions,
         bulk_steps=loop.bulk_steps,
+        tenants=scheduler.stats().tenants,
     )
 
 

@@ -139,14 +139,23 @@ class Policy(ABC):
         every step, or whose order moves with every token, runs step by step."""
         return False
 
-    def on_decodes(self, choices: Sequence[Choice], steps: int) -> None:
-        """``steps`` steps in bulk, each sampling one token for every one of ``choices`` (in
-        this order): ``on_progress`` as those steps one by one would have called it."""
+    def on_steady_steps(
+        self,
+        decoding: Sequence[Choice],
+        steps: int,
+        prefill: Choice | None = None,
+        charges: Sequence[int] = (),
+    ) -> None:
+        """``steps`` steps in bulk, each sampling one token for every one of ``decoding`` (in
+        this order) and computing ``charges[j]`` new prompt tokens of ``prefill`` in step
+        ``j``: ``on_progress`` as those steps one by one would have called it."""
         if type(self).on_progress is Policy.on_progress:
             return  # nothing to charge
-        for _ in range(steps):
-            for r in choices:
+        for j in range(steps):
+            for r in decoding:
                 self.on_progress(r, 0, 1)
+            if prefill is not None and charges[j]:
+                self.on_progress(prefill, charges[j], 0)
 
     def after_warm_up(self, tenant: str) -> None:  # noqa: B027
         """The warm-up workload (``tenant``'s) is done: keep what it taught of step costs,
