@@ -1,10 +1,11 @@
 """Steady decode steps taken in bulk give the same simulation as steps one by one.
 
-The simulator takes the steps in which every running request only decodes in runs
-(``Scheduler.steady_decodes``, ``SimLoop``); these workloads are run both ways, under the
-policies that take runs (``fcfs``, ``vtc``) and those that always step (``quanta``, ``horizon``,
-``slo``), and every request's record (token times, first token, finish, tokens, preemptions)
-and the run's counts must be equal, not close.
+The simulator takes the steps in which every running request only decodes (and one prompt is
+prefilled in chunks beside them) in runs (``Scheduler.steady_decodes``, ``SimLoop``); these
+workloads are run both ways, under the policies that take runs (``fcfs``, ``vtc``,
+``sequential``, ``static``) and those that always step (``quanta``, ``horizon``, ``slo``), and
+every request's record (token times, first token, finish, tokens, preemptions), the run's
+counts and the fair counters must be equal, not close.
 """
 
 from __future__ import annotations
@@ -92,7 +93,15 @@ def _same(spec: WorkloadSpec, config: SchedulerConfig) -> tuple[SimOutcome, SimO
     return bulk, one_by_one
 
 
-POLICIES = [PolicyName.FCFS, PolicyName.VTC, PolicyName.QUANTA, PolicyName.HORIZON, PolicyName.SLO]
+POLICIES = [
+    PolicyName.FCFS,
+    PolicyName.VTC,
+    PolicyName.QUANTA,
+    PolicyName.HORIZON,
+    PolicyName.SLO,
+    PolicyName.SEQUENTIAL,
+    PolicyName.STATIC,
+]
 
 
 @pytest.mark.parametrize("policy", POLICIES)
@@ -107,6 +116,8 @@ def test_a_kv_bound_burst_is_the_same_in_bulk(policy: PolicyName, blocks: int) -
         assert bulk.preemptions > 0  # memory pressure was exercised
     if policy in (PolicyName.FCFS, PolicyName.VTC):
         assert bulk.bulk_steps > bulk.steps // 2  # and most steps were taken in runs
+    if policy in (PolicyName.SEQUENTIAL, PolicyName.STATIC):
+        assert bulk.bulk_steps > 0
 
 
 @pytest.mark.parametrize("policy", POLICIES)

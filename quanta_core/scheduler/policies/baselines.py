@@ -20,6 +20,9 @@ class SequentialPolicy(Policy):
             return StartDecision.START
         return StartDecision.STOP
 
+    def steady_decodes(self, running: Collection[Choice]) -> bool:
+        return True  # no state: its answer depends on the running set alone
+
 
 class StaticPolicy(Policy):
     """Static batching: a batch forms while none of it has produced a token, then runs until
@@ -47,6 +50,10 @@ class StaticPolicy(Policy):
 
     def on_started(self, r: Choice) -> None:
         self._batch.add(r.request_id)
+
+    def steady_decodes(self, running: Collection[Choice]) -> bool:
+        # Once the batch has formed, ``begin_cycle`` changes nothing until it has run out.
+        return not self._forming
 
 
 class FcfsPolicy(Policy):
