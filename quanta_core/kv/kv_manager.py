@@ -128,6 +128,10 @@ class KvManager:
         return list(self._holders)
 
     @property
+    def has_pending_ops(self) -> bool:
+        return bool(self._ops)
+
+    @property
     def pending_ops(self) -> tuple[KvOp, ...]:
         """The KV operations decided since the last plan took them (``drain_ops``)."""
         return tuple(self._ops)

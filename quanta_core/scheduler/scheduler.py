@@ -478,6 +478,8 @@ class Scheduler:
         running, policy = self._running, self.policy
         if self.token_events or self._cancels or self._release or not running:
             return None
+        if self.kv.has_pending_ops:
+            return None  # they lead the next plan (a finish's truncation, say)
         steps, max_seq = limit, self.max_seq_tokens
         prefilling: Choice | None = None
         for r in running:  # the cheap tests first: they fail most cycles that are not steady
