@@ -16,6 +16,7 @@ from typing import Any
 import uvicorn
 
 from app.server.app import create_app
+from app.server.http_protocol import guarded_protocol
 from app.server.lifecycle import Lifecycle
 from app.server.settings import Settings
 from app.server.state import Status
@@ -77,6 +78,7 @@ def serve(settings: Settings) -> int:
         # In-flight requests end within grace_s (the driver fails what is left), so uvicorn
         # needs only a little longer before it gives up on their connections.
         timeout_graceful_shutdown=int(settings.grace_s) + 5,
+        http=guarded_protocol(settings),
     )
     server = _Server(config, lifecycle)
     lifecycle.on_failure = server.fail
@@ -84,6 +86,9 @@ def serve(settings: Settings) -> int:
     # uvicorn re-raises the stop signal after its graceful shutdown, to the handler that was
     # there before it: make that a no-op, so a drained server exits 0 instead of dying of it.
     previous = {sig: signal.signal(sig, _already_handled) for sig in _STOP_SIGNALS}
+    # A file-size limit (ulimit -f) reached must be a failed write (EFBIG: the database's
+    # "disk full", a 503), not the death of the server by SIGXFSZ's default action.
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     try:
         server.run()
     finally:

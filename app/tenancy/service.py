@@ -140,7 +140,9 @@ class Tenancy:
         self.ledger = LedgerWriter(self.sessions, clock=clock)
         self.admin_hash: str | None = None
         self._unknown: dict[str, float] = {}
-        self.guard = AuthGuard(settings.auth_failures_per_minute, settings.unknown_key_lookups_per_s)
+        self.guard = AuthGuard(
+            settings.auth_failures_per_minute, settings.unknown_key_lookups_per_s
+        )
 
     @asynccontextmanager
     async def lifespan(self, _: Any) -> AsyncIterator[None]:
