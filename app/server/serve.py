@@ -16,6 +16,7 @@ from typing import Any
 import uvicorn
 
 from app.server.app import create_app
+from app.server.core import CoreFactory
 from app.server.http_protocol import guarded_protocol
 from app.server.lifecycle import Lifecycle
 from app.server.settings import Settings
@@ -61,13 +62,14 @@ def freeze_startup_heap() -> None:
     gc.freeze()
 
 
-def serve(settings: Settings) -> int:
-    """Run the server until it is stopped; the exit code (1: it failed)."""
+def serve(settings: Settings, core_factory: CoreFactory | None = None) -> int:
+    """Run the server until it is stopped; the exit code (1: it failed). (``core_factory``:
+    another core than the model's, for tests.)"""
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     prepare_run(settings)  # refuses a schema not at head; generates an admin key if none
-    app = create_app(settings)
+    app = create_app(settings, core_factory)
     lifecycle: Lifecycle = app.state["lifecycle"]
     config = uvicorn.Config(
         app,
@@ -86,9 +88,6 @@ def serve(settings: Settings) -> int:
     # uvicorn re-raises the stop signal after its graceful shutdown, to the handler that was
     # there before it: make that a no-op, so a drained server exits 0 instead of dying of it.
     previous = {sig: signal.signal(sig, _already_handled) for sig in _STOP_SIGNALS}
-    # A file-size limit (ulimit -f) reached must be a failed write (EFBIG: the database's
-    # "disk full", a 503), not the death of the server by SIGXFSZ's default action.
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     try:
         server.run()
     finally:
