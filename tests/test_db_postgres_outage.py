@@ -7,6 +7,7 @@ exactly what was served. Skipped where PostgreSQL's server binaries cannot be ha
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,12 +103,28 @@ async def test_postgresql_stopped_and_restarted_mid_run(tmp_path: Path, cluster:
             served[2] += usage["completion_tokens"]
         return r.status_code
 
+    async def stream(client: Client) -> None:
+        body = {**BODY, "stream": True, "stream_options": {"include_usage": True}}
+        usage = None
+        async with client.stream(
+            "POST", "/v1/chat/completions", json=body, headers=bearer(key)
+        ) as r:
+            assert r.status_code == 200
+            async for line in r.aiter_lines():
+                if line.startswith("data: {") and '"usage":{' in line:
+                    usage = json.loads(line[6:])["usage"]
+        assert usage is not None
+        served[0] += 1
+        served[1] += usage["prompt_tokens"]
+        served[2] += usage["completion_tokens"]
+
     async for client in serving(db):
         assert await chat(client) == 200
         await wait_for_ledger(cluster.url, 1)
         await asyncio.to_thread(cluster.stop)
         for _ in range(5):
             assert await chat(client) == 200  # a known key: served from memory
+            await stream(client)
         assert (await client.get("/v1/key", headers=bearer(key))).status_code == 200
         r = await client.post("/admin/v1/tenants", json={"name": "new"}, headers=ADMIN)
         assert r.status_code == 503, r.text
