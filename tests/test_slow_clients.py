@@ -7,8 +7,10 @@ so a running count back at 0 means the server cancelled it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
+import sqlite3
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -179,3 +181,54 @@ def test_slowloris_body_is_closed(server: tuple[str, TenancyDb, str, FakeDriver]
     assert driver.submitted == []  # nothing of it reached the core
     own = httpx.get(f"{url}/v1/key", headers=bearer(key)).json()
     assert own["key_usage"]["concurrent_requests"] == 0
+
+
+@pytest.mark.model
+def test_the_real_engine_frees_a_stalled_streams_kv(model_path: Path) -> None:
+    """The same stalled reader against ``quanta run`` and the real engine: its stream is
+    cancelled (the ledger says so) long before it could have ended, and its KV freed.
+
+    The loopback socket's send buffer takes ~3 MB before a write blocks: 16 choices with 20
+    top logprobs each make ~18 KB a step, so the stall comes after ~170 of the 2,000 steps.
+    """
+    from tests.server_process import start_server
+
+    server = start_server(env={"QUANTA_STREAM_WRITE_TIMEOUT_S": "1", "QUANTA_N_CTX": "32768"})
+    try:
+        server.wait_ready()
+        model = httpx.get(f"{server.url}/v1/models", headers=server.auth).json()["data"][0]["id"]
+        body = {
+            "model": model,
+            "messages": [{"role": "user", "content": "Tell me a long story."}],
+            "max_tokens": 2000,
+            "ignore_eos": True,
+            "stream": True,
+            "n": 16,
+            "logprobs": True,
+            "top_logprobs": 20,
+        }
+        sock = raw_request(server.port, json.dumps(body).encode(), server.api_key, rcvbuf=4096)
+        try:
+            wait_for(lambda: metric(server.url, "quanta:num_requests_running") == 1)
+            assert metric(server.url, "quanta:kv_cache_usage_perc") > 0
+            wait_for(lambda: metric(server.url, "quanta:num_requests_running") == 0, 200)
+            assert metric(server.url, "quanta:kv_cache_usage_perc") == 0.0
+            assert closed_by_server(sock)
+            short = {**body, "max_tokens": 4, "stream": False, "n": 1}
+            r = httpx.post(
+                f"{server.url}/v1/chat/completions", json=short, headers=server.auth, timeout=120
+            )
+            assert r.status_code == 200, r.text
+        finally:
+            sock.close()
+    finally:
+        assert server.stop() == 0
+    with contextlib.closing(sqlite3.connect(server.db.root / "quanta.db")) as con:
+        rows = con.execute(
+            "SELECT MAX(CASE WHEN status != 'partial' THEN status END), SUM(completion_tokens) "
+            "FROM usage_ledger GROUP BY request_id ORDER BY MIN(started_at)"
+        ).fetchall()
+    assert len(rows) == 2
+    status, tokens = rows[0]  # the stalled stream's final row, and all it was charged
+    assert status == "cancelled", rows
+    assert 0 < tokens < 16 * 2000
