@@ -5,11 +5,11 @@ opened wide (every unknown key one database lookup, as without a guard).
 
 A real migrated SQLite file and ``Tenancy`` (no HTTP: the figures are the authentication's
 own). In each turn, ``--flooders`` tasks send ``--bad`` distinct made-up keys from one
-address while one task authenticates a good key ``--good`` times; the good key's latency
-(wall, event loop shared with the flood), the database lookups and the CPU per bad key are
-recorded, and how long the good key's requests took from first to last: the event loop is
-shared, so that is where a flood slows other tenants. Turns alternate (alone, guarded, open) ``--rounds`` times, so load from other
-processes falls on all of them alike. Writes ``bench/results/reliability/auth_flood.json``.
+address while one task authenticates a good key ``--good`` times; recorded: the database
+lookups, the CPU per bad key, the good key's latency, and how long its requests took from
+first to last (the event loop is shared: that is where a flood slows other tenants). Turns
+alternate (alone, guarded, open) ``--rounds`` times, so load from other processes falls on
+all of them alike. Writes ``bench/results/reliability/auth_flood.json``.
 
     .venv/bin/python -m scripts.bench_auth_flood [--bad 2000] [--good 500] [--rounds 3]
 """

@@ -232,3 +232,23 @@ def test_the_real_engine_frees_a_stalled_streams_kv(model_path: Path) -> None:
     status, tokens = rows[0]  # the stalled stream's final row, and all it was charged
     assert status == "cancelled", rows
     assert 0 < tokens < 16 * 2000
+
+
+def test_an_endless_header_is_a_431(server: tuple[str, TenancyDb, str, FakeDriver]) -> None:
+    url, _, key, _ = server
+    port = int(url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(b"GET /v1/models HTTP/1.1\r\nhost: x\r\nx-endless: ")
+        answer = b""
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            for _ in range(1024):  # up to 1 MiB of one header's value
+                sock.sendall(b"a" * 1024)
+        sock.settimeout(30)
+        with contextlib.suppress(ConnectionResetError):
+            while data := sock.recv(65536):
+                answer += data
+    assert answer.startswith(b"HTTP/1.1 431 "), answer[:100]
+    # A large body is no head: it reaches the app.
+    big = {**BODY, "messages": [{"role": "user", "content": "x" * 1_000_000}]}
+    r = httpx.post(f"{url}/v1/chat/completions", json=big, headers=bearer(key), timeout=60)
+    assert r.status_code in (200, 400), r.text

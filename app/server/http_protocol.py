@@ -15,6 +15,10 @@ timeouts and its ``send_timeout``:
            the app sees a disconnect, so a stream is cancelled and its KV freed, exactly as
            when the client leaves. (At the default 30 s, a client reading 2 KB/s keeps up.)
 
+    size   a request's head (request line and headers) is at most ``MAX_HEAD_BYTES``,
+           else 431 and the connection is closed (uvicorn bounds it only with h11; with
+           httptools, one endless header would grow in memory until the read timeout)
+
 The app's own disconnect handling does the rest; nothing here knows about streams.
 """
 
@@ -26,6 +30,12 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from app.server.settings import Settings
 
+MAX_HEAD_BYTES = 64 * 1024  # nginx allows 32 KiB (4 x 8k buffers), h11 in uvicorn 16 KiB
+_TOO_LARGE = (
+    b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
+    b"content-length: 0\r\nconnection: close\r\n\r\n"
+)
+
 
 class GuardedHttpProtocol(HttpToolsProtocol):
     read_timeout_s = 30.0
@@ -33,6 +43,9 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     _read_timer: asyncio.TimerHandle | None = None
     _write_timer: asyncio.TimerHandle | None = None
+    _in_head = True  # between a request's first byte (or the connection's) and its headers' end
+    _head_bytes = 0
+    _boundaries = 0  # heads and messages completed on this connection
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -43,6 +56,23 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._disarm_write()
         super().connection_lost(exc)
 
+    def data_received(self, data: bytes) -> None:
+        boundaries = self._boundaries
+        super().data_received(data)
+        if not self._in_head or self._boundaries != boundaries or self.transport.is_closing():
+            return
+        # Counted after parsing, and only for a chunk in which no head nor message ended (it
+        # may hold a body, or another request's start). One chunk past the bound may be parsed.
+        self._head_bytes += len(data)
+        if self._head_bytes > MAX_HEAD_BYTES:
+            self.transport.write(_TOO_LARGE)
+            self.transport.close()
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        self._boundaries += 1
+        super().on_headers_complete()
+
     def on_message_begin(self) -> None:
         super().on_message_begin()
         if self._read_timer is None:
@@ -51,6 +81,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     def on_message_complete(self) -> None:
         super().on_message_complete()
         self._disarm_read()
+        self._in_head, self._head_bytes = True, 0
+        self._boundaries += 1
 
     def pause_writing(self) -> None:
         super().pause_writing()
