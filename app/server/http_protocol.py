@@ -1,4 +1,4 @@
-"""uvicorn's HTTP protocol with the two timeouts it lacks: slow readers and slow writers.
+"""uvicorn's HTTP protocol with the bounds it lacks: on slow requests, slow readers, big heads.
 
 uvicorn closes an idle keep-alive connection, but it has no timeout for a request that
 trickles in (slowloris: headers or body a byte at a time) nor for a client that stops
@@ -14,7 +14,6 @@ timeouts and its ``send_timeout``:
            mark (16 KiB) within ``stream_write_timeout_s``, else the connection is aborted:
            the app sees a disconnect, so a stream is cancelled and its KV freed, exactly as
            when the client leaves. (At the default 30 s, a client reading 2 KB/s keeps up.)
-
     size   a request's head (request line and headers) is at most ``MAX_HEAD_BYTES``,
            else 431 and the connection is closed (uvicorn bounds it only with h11; with
            httptools, one endless header would grow in memory until the read timeout)
