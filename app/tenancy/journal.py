@@ -44,6 +44,8 @@ class Journal:
         self._dirty = False  # rows appended to the open segment
 
     def segments(self) -> list[Path]:
+        if not self.folder.is_dir():
+            return []
         found = [p for p in self.folder.glob(f"{PREFIX}*") if p.name[len(PREFIX) :].isdigit()]
         return sorted(found, key=_number)
 
@@ -62,11 +64,15 @@ class Journal:
         return last
 
     def open(self) -> None:
-        """Start appending, to a segment after every one on disk."""
-        self.folder.mkdir(parents=True, exist_ok=True)
-        on_disk = self.segments()
-        self._segment = _number(on_disk[-1]) if on_disk else 0
-        self._open_next()
+        """Start appending, to a segment after every one on disk. A folder that cannot be
+        written leaves the journal off (logged): the ledger then has the flush's bound."""
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            on_disk = self.segments()
+            self._segment = _number(on_disk[-1]) if on_disk else 0
+            self._open_next()
+        except OSError as exc:
+            log.error("ledger journal off: %s cannot be written (%s)", self.folder, exc)
 
     def close(self) -> None:
         if self._fd is not None:

@@ -61,9 +61,9 @@ def charged_today(server: Server, tenant_id: str) -> int:
     return int(n)
 
 
-def quota_check(server: Server, limited: Key, model: str) -> dict[str, Any]:
+def quota_check(server: Server, limited: Key, model: str, tally: Tally) -> dict[str, Any]:
     """Right after a restart, before the quota's key is used again: the rebuilt counter
-    against the ledger, then one request."""
+    against the ledger, then one request (what it receives counted in ``tally``)."""
     counters = server.admin("GET", f"/tenants/{limited.tenant_id}")["counters"]
     ledger = charged_today(server, limited.tenant_id)
     body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 64}
@@ -73,6 +73,8 @@ def quota_check(server: Server, limited: Key, model: str) -> dict[str, Any]:
         headers={"authorization": f"Bearer {limited.value}"},
         timeout=60,
     )
+    if r.status_code == 200:
+        tally.received[limited.key_id] += r.json()["usage"]["completion_tokens"]
     return {
         "tokens_today_rebuilt": counters["tokens_today"],
         "tokens_in_ledger": ledger,
@@ -115,7 +117,8 @@ async def chaos(minutes: float, workers: int) -> dict[str, Any]:
                 events.append({"t_s": round(now - start, 1), "killed": "server"})
                 await asyncio.to_thread(server.start)
                 events.append({"t_s": round(time.monotonic() - start, 1), "restarted": True})
-                quota_checks.append(await asyncio.to_thread(quota_check, server, limited, model))
+                check = await asyncio.to_thread(quota_check, server, limited, model, tally)
+                quota_checks.append(check)
                 quiet.discard(limited.key_id)
             elif now >= next_engine_kill:
                 next_engine_kill = now + ENGINE_KILL_EVERY_S

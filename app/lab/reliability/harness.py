@@ -304,13 +304,6 @@ def model_of(url: str, key: Key) -> str:
     return str(r.json()["data"][0]["id"])
 
 
-async def healthz_ms(url: str) -> float:
-    async with httpx.AsyncClient(timeout=10) as http:
-        t0 = time.perf_counter()
-        await http.get(f"{url}/healthz")
-        return (time.perf_counter() - t0) * 1000
-
-
 def write_result(name: str, result: dict[str, Any]) -> Path:
     out = Path("bench/results/reliability") / f"{name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
