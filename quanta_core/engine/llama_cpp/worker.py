@@ -70,10 +70,6 @@ class Engine:
         llama_cpp.llama_backend_init()
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = config.n_gpu_layers
-        # No weight repacking into extra buffer types: on a CPU with AMX, llama.cpp repacks
-        # into AMX buffers whose kernels fault (SIGSEGV in libggml-cpu) on every multi-token
-        # batch where the OS does not grant the tile state; the plain CPU path is exact.
-        mparams.use_extra_bufts = False
         self.model = llama_cpp.llama_model_load_from_file(config.model_path.encode(), mparams)
         if not self.model:
             raise RuntimeError(f"cannot load model {config.model_path}")
