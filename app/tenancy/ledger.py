@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Protocol, cast
 
-from sqlalchemy import Table, bindparam, func, insert, select, update
+from sqlalchemy import Table, bindparam, case, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.db.models import ApiKey, DailyUsage, UsageRecord
@@ -313,7 +313,7 @@ async def replay(sessions: async_sessionmaker[AsyncSession], totals: dict[str, U
                 select(
                     r.request_id,
                     *(func.sum(getattr(r, name)) for name in _SUMS),
-                    func.max(r.status != PARTIAL),
+                    func.max(case((r.status != PARTIAL, 1), else_=0)),  # any final row
                 )
                 .where(r.request_id.in_(ids[i : i + 500]))
                 .group_by(r.request_id)
