@@ -13,8 +13,16 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
+# llama.cpp is built for this CPU (-march=native) but without its AMX matrix path: on CPUs
+# that report AMX inside a VM that does not enable it, `ldtilecfg` faults and the engine
+# worker dies at its first matrix product; without it the AVX2 / AVX-512 kernels run. Set
+# CMAKE_ARGS yourself to build otherwise.
+CMAKE_ARGS ?= -DCMAKE_C_FLAGS=-U__AMX_INT8__ -DCMAKE_CXX_FLAGS=-U__AMX_INT8__
+export CMAKE_ARGS
+
 # Reinstall only when the project's metadata changes. llama-cpp-python builds from source
-# (about 8 minutes on 2 cores); pip caches the wheel afterwards.
+# (about 8 minutes on 2 cores); pip caches the wheel afterwards (`pip cache remove
+# llama_cpp_python` forgets it, e.g. after changing CMAKE_ARGS).
 $(STAMP): pyproject.toml | $(BIN)/python
 	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)

@@ -37,9 +37,12 @@ fi
 LLAMA="$SRC/vendor/llama.cpp"
 
 # Release build, CPU only, static libraries (the binary does not pick up another libllama),
-# no libcurl (the model is a local file).
+# no libcurl (the model is a local file); built with the flags the Makefile gives Quanta's
+# llama.cpp (no AMX path: see the Makefile), so both engines run the same kernels.
 cmake -S "$LLAMA" -B "$LLAMA/build" -G Ninja \
     -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_C_FLAGS=-U__AMX_INT8__ \
+    -DCMAKE_CXX_FLAGS=-U__AMX_INT8__ \
     -DBUILD_SHARED_LIBS=OFF \
     -DLLAMA_CURL=OFF \
     -DLLAMA_OPENSSL=OFF \

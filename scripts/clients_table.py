@@ -77,6 +77,47 @@ def row(out: Path, server: str, tool: str) -> dict[str, Any] | None:
     return {"server": server, "tool": tool, **figures}
 
 
+# Measurement drift of this machine between runs minutes apart (bench/README.md): the band
+# the check allows beyond what the tool's own CPU explains.
+DRIFT = 0.10
+
+
+def agreement(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each tool's streamed tokens/s and median TTFT against ``quanta bench``'s on the same
+    server, and whether they agree within what the tool's CPU allows.
+
+    A tool that keeps ``c`` of a core busy takes it from llama.cpp's threads, which meet at a
+    barrier every layer: at worst a whole step waits for the thread that lost the time, so
+    the engine runs at ``1 - c`` of its speed (tokens/s ratio ≥ 1 - c, TTFT ratio ≤ 1 / (1 -
+    c)); at best the cost is spread and nothing is lost. Beyond that, ``DRIFT`` either way.
+    """
+    out = []
+    for server in SERVERS:
+        ref = next((r for r in rows if r["server"] == server and r["tool"] == "quanta-bench"), None)
+        for r in rows:
+            if ref is None or r["server"] != server or r["tool"] == "quanta-bench":
+                continue
+            c = r["client_cores"]
+            tps = r["streamed_tokens_per_s"] / ref["streamed_tokens_per_s"]
+            ttft = r["ttft_p50_ms"] / ref["ttft_p50_ms"] if r["ttft_p50_ms"] else float("nan")
+            tps_band = (1 - c - DRIFT, 1 + DRIFT)
+            ttft_band = (1 - DRIFT, 1 / (1 - c) + DRIFT)
+            out.append(
+                {
+                    "server": server,
+                    "tool": r["tool"],
+                    "client_cores": c,
+                    "tokens_per_s_ratio": tps,
+                    "tokens_per_s_band": tps_band,
+                    "ttft_p50_ratio": ttft,
+                    "ttft_p50_band": ttft_band,
+                    "agrees": tps_band[0] <= tps <= tps_band[1]
+                    and ttft_band[0] <= ttft <= ttft_band[1],
+                }
+            )
+    return out
+
+
 def main() -> None:
     out = Path(sys.argv[1] if len(sys.argv) > 1 else "bench/results/clients")
     rows = [r for s in SERVERS for t in TOOLS if (r := row(out, s, t)) is not None]
@@ -90,7 +131,20 @@ def main() -> None:
             f"{r['client_cores']:6.2f} core"
         )
     print("* quanta bench's column is its p90")
-    (out / "summary.json").write_text(json.dumps(rows, indent=2) + "\n")
+    checks = agreement(rows)
+    print(
+        f"\n{'server':13} {'client':9} {'tok/s ratio':>12} {'allowed':>12} "
+        f"{'TTFT ratio':>11} {'allowed':>12}  agrees"
+    )
+    for a in checks:
+        lo, hi = a["tokens_per_s_band"]
+        tlo, thi = a["ttft_p50_band"]
+        print(
+            f"{a['server']:13} {a['tool']:9} {a['tokens_per_s_ratio']:12.2f} {lo:5.2f}-{hi:<6.2f}"
+            f"{a['ttft_p50_ratio']:11.2f} {tlo:5.2f}-{thi:<6.2f}  {'yes' if a['agrees'] else 'NO'}"
+        )
+    summary = {"rows": rows, "agreement": checks}
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -122,14 +122,16 @@ def bearer(value: str) -> dict[str, str]:
 
 
 @contextmanager
-def over_http(app: Any) -> Iterator[str]:
-    """``app`` served by uvicorn on a free port in a thread: real HTTP, real disconnects."""
+def over_http(app: Any, http: Any = "auto") -> Iterator[str]:
+    """``app`` served by uvicorn on a free port in a thread: real HTTP, real disconnects
+    (``http``: uvicorn's protocol, e.g. ``quanta run``'s ``guarded_protocol``)."""
     import uvicorn
 
     from tests.server_process import free_port
 
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, port=port, log_level="warning", lifespan="on"))
+    config = uvicorn.Config(app, port=port, log_level="warning", lifespan="on", http=http)
+    server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"

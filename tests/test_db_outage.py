@@ -8,6 +8,7 @@ API answers a clear 503; once the database is back the ledger is written. Past
 from __future__ import annotations
 
 import asyncio
+import json
 import sqlite3
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
@@ -100,3 +101,43 @@ async def test_past_the_outage_bound_requests_get_a_clear_503(tmp_path: Path) ->
             await asyncio.sleep(0.05)
         r = await client.post("/v1/chat/completions", json=BODY, headers=bearer(key))
         assert r.status_code == 200
+
+
+def ledger_totals(db: TenancyDb) -> tuple[int, int, int]:
+    with sqlite3.connect(db.root / "quanta.db") as con:
+        row = con.execute(
+            "SELECT COUNT(*) FILTER (WHERE status != 'partial'), "
+            "COALESCE(SUM(prompt_tokens), 0), COALESCE(SUM(completion_tokens), 0) "
+            "FROM usage_ledger"
+        ).fetchone()
+    return int(row[0]), int(row[1]), int(row[2])
+
+
+async def test_streams_and_unknown_keys_while_locked(tmp_path: Path) -> None:
+    """Streams are served too, and their tokens reach the ledger once it is unlocked; an
+    unknown key is still told apart (WAL: the lookup is a read, it goes on)."""
+    db = fresh_db(tmp_path)
+    key = db.create_key("acme")
+    served = [0, 0, 0]
+    body = {**BODY, "stream": True, "stream_options": {"include_usage": True}}
+    async for client in serving(db):
+        with locked(db):
+            for _ in range(3):
+                usage = None
+                async with client.stream(
+                    "POST", "/v1/chat/completions", json=body, headers=bearer(key)
+                ) as r:
+                    assert r.status_code == 200
+                    async for line in r.aiter_lines():
+                        if line.startswith("data: {") and '"usage":{' in line:
+                            usage = json.loads(line[6:])["usage"]
+                assert usage is not None
+                served[0] += 1
+                served[1] += usage["prompt_tokens"]
+                served[2] += usage["completion_tokens"]
+            unknown = bearer("qk-" + "u" * 43)
+            r = await client.post("/v1/chat/completions", json=BODY, headers=unknown)
+            assert r.status_code == 401
+            assert ledger_rows(db) == 0
+        await wait_for_rows(db, 3)
+        assert ledger_totals(db) == tuple(served)

@@ -29,6 +29,7 @@ from quanta_core.engine.config import EngineConfig
 from quanta_core.engine.llama_cpp.executor import LlamaCppExecutor
 from quanta_core.engine.llama_cpp.grammar import json_object_grammar
 from quanta_core.engine.llama_cpp.tokenizer import Tokenizer
+from quanta_core.kv import KvManager
 
 pytestmark = pytest.mark.model
 
@@ -465,3 +466,39 @@ def test_one_argmax_per_step_picks_what_the_greedy_chain_picks(
     assert mixed[0][0] != banned
     assert mixed[0] == batched_greedy(engine, prompts[:1], [ban_chain], 4)[0]
     assert mixed[1:] == [f[:4] for f in fast[1:]]
+
+
+def test_a_stash_comes_back_into_cells_the_prefix_cache_held(model_path: Path) -> None:
+    """The block manager's ops, in their order, on a real engine whose cells are all taken by
+    a cached prefix and the free remainder: the restore finds its cells because the cache's
+    truncation runs first."""
+    config = EngineConfig(
+        model_path=str(model_path), n_ctx=256, n_seq_max=4, n_batch=256, n_ubatch=256, threads=2
+    )
+    ex = LlamaCppExecutor.start(config)
+    try:
+        kv = KvManager(ex.info.n_ctx // 16, 16, 4, enable_prefix_cache=True)
+
+        def run(tokens: list[int]) -> int:
+            adm = kv.allocate(tokens, 256)
+            assert adm is not None
+            ex.step(StepPlan(tuple(kv.drain_ops()), (SeqSlice(adm.seq, tuple(tokens), 0),)))
+            kv.commit(adm.seq, tokens, len(tokens))
+            return adm.seq
+
+        prompt = list(range(1000, 1040))
+        kv.stash(run(prompt), "st")
+        ex.step(StepPlan(tuple(kv.drain_ops())))
+        cached = list(range(2000, 2224))  # 14 of the 16 blocks, kept by the prefix cache
+        kv.free(run(cached), len(cached))
+        ex.step(StepPlan(tuple(kv.drain_ops())))
+        adm = kv.restore("st", [*prompt, 7], n_stashed=len(prompt), budget=256)
+        assert adm is not None
+        res = ex.step(
+            StepPlan(tuple(kv.drain_ops()), (SeqSlice(adm.seq, (7,), len(prompt), True, "st"),))
+        )
+        assert len(res.outputs) == 1
+        assert ex.memory_stats().n_stashes == 0
+        ex.step(StepPlan(release=("st",)))
+    finally:
+        ex.close()

@@ -271,6 +271,25 @@ def test_stash_frees_blocks_and_restore_takes_fresh_ones() -> None:
     kv.check_integrity()
 
 
+def test_restore_evicts_cached_blocks_before_it_reads_the_stash() -> None:
+    """The engine needs the stash's cells free when it reads it: the truncation of the
+    cached blocks that make the room comes first in the ops."""
+    kv = make()
+    prompt = toks(40)
+    kv.allocate(prompt, 512)
+    kv.commit(0, prompt, 40)
+    kv.stash(0, "r/0#1")
+    cached = toks(144, base=900)  # 9 full blocks, kept as a cache holder: 2 blocks free
+    kv.allocate(cached, 512)
+    run_to(kv, 0, cached)
+    kv.free(0, 144)
+    kv.drain_ops()
+    adm = kv.restore("r/0#1", [*prompt, 5], n_stashed=40, budget=512)
+    assert adm is not None and adm.seq == 1
+    assert kv.drain_ops() == [Truncate(seq=0, start=8 * BS), Restore(seq=1, key="r/0#1")]
+    kv.check_integrity()
+
+
 def test_without_prefix_cache_free_drops_everything() -> None:
     kv = make(cache=False)
     prompt = toks(40)

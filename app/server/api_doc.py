@@ -12,6 +12,7 @@ operation gets, for each status it can answer, ``ErrorResponse``:
     409     a name taken, a revoked key rotated          the admin writes that can clash
     413     the body is over ``max_body_bytes``          any with a body
     429     a quota or rate limit (Retry-After)          the completions
+            too many unknown keys from one address       every /v1 one
     503     not ready, overloaded, database unavailable  every /v1 and /admin/v1 one
 
 A request body rejects unknown fields (``additionalProperties: false``); an update needs
@@ -45,7 +46,8 @@ _WHY = {
     404: "No such resource (tenant, key, quota or model)",
     409: "Conflict: the name is taken, or the key is revoked",
     413: "The request body is too large",
-    429: "A rate limit or quota of the key or its tenant; see Retry-After",
+    429: "A rate limit or quota of the key or its tenant, or too many unknown keys from one "
+    "address; see Retry-After",
     500: "The generation failed in the engine",
     503: "Not ready, overloaded, or the database is unavailable; see Retry-After",
 }
@@ -115,7 +117,7 @@ def _finish_operation(path: str, method: str, op: dict[str, Any]) -> None:
         statuses |= {401, 503}
     elif path.startswith("/v1/"):
         op["security"] = [{"apiKey": []}]
-        statuses |= {401, 403, 503}
+        statuses |= {401, 403, 429, 503}  # 429: unknown keys (app/tenancy/auth_guard.py)
     if path in _COMPLETIONS:
         statuses |= {404, 429, 500}  # 404: the model
     if (method, path) in _CONFLICTS:

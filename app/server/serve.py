@@ -16,6 +16,8 @@ from typing import Any
 import uvicorn
 
 from app.server.app import create_app
+from app.server.core import CoreFactory
+from app.server.http_protocol import guarded_protocol
 from app.server.lifecycle import Lifecycle
 from app.server.settings import Settings
 from app.server.state import Status
@@ -60,13 +62,14 @@ def freeze_startup_heap() -> None:
     gc.freeze()
 
 
-def serve(settings: Settings) -> int:
-    """Run the server until it is stopped; the exit code (1: it failed)."""
+def serve(settings: Settings, core_factory: CoreFactory | None = None) -> int:
+    """Run the server until it is stopped; the exit code (1: it failed). (``core_factory``:
+    another core than the model's, for tests.)"""
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     prepare_run(settings)  # refuses a schema not at head; generates an admin key if none
-    app = create_app(settings)
+    app = create_app(settings, core_factory)
     lifecycle: Lifecycle = app.state["lifecycle"]
     config = uvicorn.Config(
         app,
@@ -77,6 +80,7 @@ def serve(settings: Settings) -> int:
         # In-flight requests end within grace_s (the driver fails what is left), so uvicorn
         # needs only a little longer before it gives up on their connections.
         timeout_graceful_shutdown=int(settings.grace_s) + 5,
+        http=guarded_protocol(settings),
     )
     server = _Server(config, lifecycle)
     lifecycle.on_failure = server.fail

@@ -168,6 +168,33 @@ class Settings(BaseSettings):
         default=30.0, ge=0, description="on SIGINT/SIGTERM: how long in-flight requests may finish"
     )
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024, description="larger is a 413")
+    # A flood of made-up keys costs at most these database lookups (app/tenancy/auth_guard.py);
+    # known keys never wait on them.
+    auth_failures_per_minute: int = Field(
+        default=60,
+        ge=1,
+        description="failed API-key authentications per client address a minute; past it, "
+        "unknown keys from that address get 429 without a database lookup",
+    )
+    unknown_key_lookups_per_s: float = Field(
+        default=20.0,
+        ge=1,
+        description="database lookups of unknown API keys a second, all addresses together",
+    )
+    # Slow clients (app/server/http_protocol.py): nginx's send_timeout and client
+    # header/body timeouts, for uvicorn, which has neither.
+    stream_write_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="a client that reads nothing of its response this long is disconnected "
+        "(its stream cancelled, its KV freed)",
+    )
+    request_read_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="a request's headers and body must arrive within this long of its first "
+        "byte (and a new connection's first byte within this long), else it is closed",
+    )
     ledger_outage_s: float = Field(
         default=300.0,
         gt=0,

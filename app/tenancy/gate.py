@@ -47,7 +47,8 @@ class ApiKeyAuthentication(AbstractAuthenticationMiddleware):
         self, connection: ASGIConnection[Any, Any, Any, Any]
     ) -> AuthenticationResult:
         tenancy = tenancy_of(connection)
-        principal = await tenancy.authenticate(connection.headers.get("authorization"))
+        client = connection.client.host if connection.client is not None else ""
+        principal = await tenancy.authenticate(connection.headers.get("authorization"), client)
         _state(connection.scope)[RATE_HEADERS] = tenancy.headers(principal)
         return AuthenticationResult(user=principal, auth=principal.key.id)
 

@@ -1,6 +1,7 @@
 """``Tenancy``: who is asking, may they, and what did they use — without waiting on the DB.
 
     authenticate(header)  HMAC → Directory (memory)        401 / 403, or a Principal
+                          an unknown key: AuthGuard, then one DB lookup   429 / 401
     reserve(principal, …) Limiter.check, then .charge       429, or a Reservation
     Reservation.close()   Limiter.settle + LedgerWriter.record (a list append)
 
@@ -25,6 +26,7 @@ from app.db.migrate import check_at_head
 from app.db.models import AdminCredential, DailyUsage, UsageRecord
 from app.server.errors import DatabaseUnavailable, InvalidApiKey, RateLimited, TenantSuspended
 from app.server.settings import Settings
+from app.tenancy.auth_guard import AuthGuard, retry_after_s
 from app.tenancy.directory import Directory, KeyView, TenantView
 from app.tenancy.keys import KeyHasher, load_secret, same_digest, sha256_hex
 from app.tenancy.ledger import PARTIAL, LedgerWriter, UsageRow, close_interrupted, utc_day
@@ -114,6 +116,18 @@ def rate_limited(denial: Denial) -> RateLimited:
     return RateLimited(denial.message(), kind=kind, code=code, headers=headers)
 
 
+def too_many_failures(wait_s: float) -> RateLimited:
+    return RateLimited(
+        "Too many requests with unknown API keys; try again later.",
+        kind="requests",
+        code="rate_limit_exceeded",
+        headers={
+            "retry-after": str(retry_after_s(wait_s)),
+            "retry-after-ms": str(max(1, math.ceil(wait_s * 1000))),
+        },
+    )
+
+
 class Tenancy:
     def __init__(self, settings: Settings, clock: Callable[[], float] = time.time) -> None:
         self.settings = settings
@@ -126,6 +140,9 @@ class Tenancy:
         self.ledger = LedgerWriter(self.sessions, clock=clock)
         self.admin_hash: str | None = None
         self._unknown: dict[str, float] = {}
+        self.guard = AuthGuard(
+            settings.auth_failures_per_minute, settings.unknown_key_lookups_per_s
+        )
 
     @asynccontextmanager
     async def lifespan(self, _: Any) -> AsyncIterator[None]:
@@ -188,17 +205,26 @@ class Tenancy:
 
     # ---- the hot path ----
 
-    async def authenticate(self, authorization: str | None) -> Principal:
+    async def authenticate(self, authorization: str | None, client: str = "") -> Principal:
+        """The key's Principal, or 401/403; ``client`` (its address) bounds what failures
+        cost (``AuthGuard``)."""
+        now = self.clock()
+        try:
+            return await self._authenticate(authorization, client, now)
+        except InvalidApiKey:
+            self.guard.failed(client, now)
+            raise
+
+    async def _authenticate(self, authorization: str | None, client: str, now: float) -> Principal:
         value = bearer(authorization)
         if value is None:
             raise InvalidApiKey(
                 "You didn't provide an API key. Send it as 'Authorization: Bearer YOUR_KEY'."
             )
         hashed = self.hasher.hash(value)
-        now = self.clock()
         key = self.directory.find(hashed)
         if key is None:
-            key = await self._find_new(hashed, now)
+            key = await self._find_new(hashed, client, now)
         if key is None:
             raise InvalidApiKey(f"Incorrect API key provided: {_masked(value)}.")
         if key.status != "active":
@@ -213,10 +239,16 @@ class Tenancy:
         self.ledger.touch(key.id, now)
         return Principal(key, tenant)
 
-    async def _find_new(self, hashed: str, now: float) -> KeyView | None:
-        """A key created outside this process (the CLI): one DB lookup, negatively cached."""
+    async def _find_new(self, hashed: str, client: str, now: float) -> KeyView | None:
+        """A key created outside this process (the CLI): one DB lookup, negatively cached,
+        within the guard's bounds."""
         if self._unknown.get(hashed, 0.0) > now:
             return None
+        wait = self.guard.blocked_for(client, now)
+        if wait is None:
+            wait = self.guard.take_lookup(now)
+        if wait is not None:
+            raise too_many_failures(wait)
         async with self.sessions() as session:
             key = await self.directory.load_key_by_hash(session, hashed)
         if key is None:

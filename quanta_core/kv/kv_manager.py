@@ -235,8 +235,10 @@ class KvManager:
             return None
         st = SeqTable(seq, SeqRole.ACTIVE)
         self._seqs[seq] = st
-        self._ops.append(Restore(seq=seq, key=key))
+        # Reserve first: the cached blocks it evicts are truncated in the engine before the
+        # restore needs their cells (llama.cpp finds the stash's cells when it reads it).
         self._reserve(st, n_stashed + num_new)
+        self._ops.append(Restore(seq=seq, key=key))
         self.commit(seq, tokens, n_stashed)
         return Allocation(seq, n_stashed, num_new, 0)
 

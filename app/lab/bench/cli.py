@@ -216,8 +216,9 @@ def resummarize(
 @bench_cli.command("scenarios")
 def scenarios(
     servers: Annotated[
-        str, typer.Option(help="comma-separated: quanta policies, and llama-server")
-    ] = "quanta,fcfs,slo,llama-server",
+        str,
+        typer.Option(help="comma-separated: quanta policies, llama-server, llama-server-kvu"),
+    ] = "quanta,fcfs,slo,llama-server,llama-server-kvu",
     only: Annotated[
         str | None, typer.Option(help="comma-separated scenarios (default: all, in order)")
     ] = None,
@@ -232,7 +233,7 @@ def scenarios(
 ) -> None:
     """Every scenario against every server in turn (fresh, default settings): one table."""
     from app.lab.bench.scenarios import ALL
-    from app.lab.bench.servers import LLAMA_SERVER, RealServers, find_llama_server
+    from app.lab.bench.servers import LLAMA_SERVERS, RealServers, find_llama_server
     from app.lab.bench.suite import run_suite
     from app.server.settings import default_model_path
 
@@ -243,9 +244,9 @@ def scenarios(
         raise typer.Exit(code=2)
     chosen = [s.strip() for s in servers.split(",") if s.strip()]
     binary = llama_server or find_llama_server()
-    if LLAMA_SERVER in chosen and binary is None:
+    if binary is None and any(n in LLAMA_SERVERS for n in chosen):
         console.print("llama-server is not built (scripts/build_llama_server.sh): left out")
-        chosen.remove(LLAMA_SERVER)
+        chosen = [n for n in chosen if n not in LLAMA_SERVERS]
     launcher = RealServers(model or default_model_path(), threads, port, binary)
     # SIGTERM unwinds like Ctrl-C: the server under test is stopped on the way out.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

@@ -28,7 +28,9 @@ import httpx
 
 from quanta_core.workload import TenantSpec
 
-LLAMA_SERVER = "llama-server"
+LLAMA_SERVER = "llama-server"  # -np slots, llama-server's defaults: one KV stream per slot
+LLAMA_SERVER_KVU = "llama-server-kvu"  # the same with --kv-unified: one KV buffer for all slots
+LLAMA_SERVERS = (LLAMA_SERVER, LLAMA_SERVER_KVU)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +103,9 @@ def _create_tenants(url: str, admin_key: str, tenants: Sequence[TenantSpec]) -> 
 @dataclass(frozen=True, slots=True)
 class RealServers:
     """``quanta run --policy P`` (default settings but the model, context, threads and
-    port) and llama-server ``-np slots`` over the same model and context."""
+    port) and llama-server ``-np slots`` over the same model and context: as a user starts
+    it (its defaults split the context into one KV stream per slot) and with
+    ``--kv-unified`` (one buffer shared by all slots, as Quanta's engine runs it)."""
 
     model: Path
     threads: int
@@ -110,8 +114,8 @@ class RealServers:
     llama_slots: int = 20
 
     def __call__(self, name: str, spec: ServerSpec) -> AbstractContextManager[Running]:
-        if name == LLAMA_SERVER:
-            return self._llama(spec)
+        if name in LLAMA_SERVERS:
+            return self._llama(spec, unified=name == LLAMA_SERVER_KVU)
         return self._quanta(name, spec)
 
     @contextmanager
@@ -155,12 +159,11 @@ class RealServers:
             shutil.rmtree(state, ignore_errors=True)
 
     @contextmanager
-    def _llama(self, spec: ServerSpec) -> Iterator[Running]:
+    def _llama(self, spec: ServerSpec, unified: bool) -> Iterator[Running]:
         if self.llama_server is None:
             raise RuntimeError("llama-server is not built (scripts/build_llama_server.sh)")
         port = self.port or free_port()
         url = f"http://127.0.0.1:{port}"
-        # --kv-unified: one KV buffer shared by all slots, as Quanta's engine runs it.
         cmd = [
             str(self.llama_server),
             "-m",
@@ -173,7 +176,7 @@ class RealServers:
             str(self.threads),
             "-tb",
             str(self.threads),
-            "--kv-unified",
+            *(["--kv-unified"] if unified else []),
             "--host",
             "127.0.0.1",
             "--port",
