@@ -8,11 +8,13 @@
 
 Raw: llama_decode of B sequences in this process (the model's layers on the GPU), then the
 greedy token of every sequence (numpy argmax over its logits): what any server must do per
-step. Served: `quanta run` with the GPU settings below, `quanta bench run` sending B streaming
-requests at once; the decode rate is read in the window where all B streams are decoding (from
-the last first token to the first last token), so neither counts prefill. Server CPU: the
-server process's user + system time over the run, per streamed token (its engine worker is a
-separate process, not counted; the client is measured apart).
+step. Engine: Quanta's worker (its ``Engine``) in this process, stepped with the plans the
+scheduler sends. Served: `quanta run` with the GPU settings below and its step trace on,
+`quanta bench run` sending B streaming requests at once; the decode rate is read in the window
+where all B streams are decoding (from the last first token to the first last token), so
+neither counts prefill, and the trace tells each size's worker step, process boundary and
+server gap. Server CPU: the server process's user + system time over the run, per streamed
+token (its engine worker is a separate process, counted apart; the client is measured apart).
 """
 
 from __future__ import annotations
