@@ -29,7 +29,7 @@ from enum import Enum
 
 from quanta_core.engine.types import CopyPrefix, DropStash, KvOp, Restore, Stash, Truncate
 from quanta_core.kv.block_pool import Block, BlockPool, BlockState, KvIntegrityError
-from quanta_core.kv.prefix_cache import ROOT_HASH, PrefixCache, block_key
+from quanta_core.kv.prefix_cache import ROOT_HASH, PrefixCache
 
 
 class SeqRole(Enum):
@@ -348,13 +348,18 @@ class KvManager:
         bs = self.block_size
         if num_computed // bs <= len(st.hashes):
             return  # no block filled up
-        hashes, table, register = st.hashes, st.table, self.cache.register
+        hashes, table, entries = st.hashes, st.table, self.cache.entries
         parent = hashes[-1] if hashes else ROOT_HASH
         for i in range(len(hashes), num_computed // bs):
-            key = block_key(parent, tokens[i * bs : (i + 1) * bs])
+            key = (parent, tuple(tokens[i * bs : (i + 1) * bs]))  # ``block_key``, inline
             parent = hash(key)
             hashes.append(parent)
-            register(table[i], parent, key)
+            # ``self.cache.register(block, parent, key)``, inline: every full block passes here.
+            block = table[i]
+            if block.hash is None and parent not in entries:
+                block.hash = parent
+                block.key = key
+                entries[parent] = block
 
     def free(self, seq: int, num_computed: int, keep_cache: bool = True) -> None:
         """A running sequence is done: keep its hashed full blocks as a cache holder, or drop it."""
@@ -412,10 +417,12 @@ class KvManager:
 
     def _reserve(self, st: SeqTable, num_tokens: int) -> None:
         pool, seq, table = self.pool, st.seq, st.table
-        for depth in range(len(table), cdiv(num_tokens, self.block_size)):
-            if not pool.free:
+        free, blocks = pool.free, pool.blocks
+        for depth in range(len(table), -(-num_tokens // self.block_size)):
+            if not free:
                 self._evict_oldest_cached()
-            block = pool.take_free(depth)
+            block = blocks[free.popleft()]  # ``pool.take_free(depth)``, inline
+            block.depth = depth
             # ``_hold(block, seq, active=True)`` of a free block (nobody holds it: not cached),
             # inline: a long prompt reserves dozens of blocks at once.
             block.seqs.add(seq)
@@ -449,8 +456,16 @@ class KvManager:
     def _truncate_holder(self, seq: int, n_blocks: int) -> None:
         st = self._seqs[seq]
         self._truncate_op(seq, n_blocks * self.block_size)
+        release = self._release_block
         for b in reversed(st.table[n_blocks:]):
-            self._let_go(b, seq, active=False)
+            # Let go of ``b`` as a holder, inline: a reclaimed holder lets go of
+            # every block at once.
+            seqs = b.seqs
+            if seq not in seqs:
+                raise KvIntegrityError(f"sequence {seq} lets go of block {b.block_id} twice")
+            seqs.remove(seq)
+            if not seqs:
+                release(b)
         del st.table[n_blocks:]
         del st.hashes[n_blocks:]
         st.num_tokens = min(st.num_tokens, n_blocks * self.block_size)
@@ -489,9 +504,10 @@ class KvManager:
                 self.pool.unmark_cached(block)
 
     def _let_go_active(self, blocks: Iterable[Block], seq: int) -> None:
-        """``_let_go(b, seq, active=True)`` of each of ``blocks`` in turn, inline: a finished
-        or preempted sequence lets go of all its blocks at once."""
-        pool, cache = self.pool, self.cache
+        """``seq``, running, lets go of each of ``blocks`` in turn (a finished or preempted
+        sequence lets go of all its blocks at once): a block nobody holds any more is free, one
+        only holders hold is cached."""
+        release, lru = self._release_block, self.pool.lru
         for b in blocks:
             seqs = b.seqs
             if seq not in seqs:
@@ -499,22 +515,21 @@ class KvManager:
             seqs.remove(seq)
             b.n_active -= 1
             if not seqs:
-                cache.forget(b)
-                pool.release(b)
+                release(b)
             elif not b.n_active:
-                pool.mark_cached(b)
+                lru[b.block_id] = None  # ``pool.mark_cached(b)``, inline
 
-    def _let_go(self, block: Block, seq: int, active: bool) -> None:
-        if seq not in block.seqs:
-            raise KvIntegrityError(f"sequence {seq} lets go of block {block.block_id} twice")
-        block.seqs.remove(seq)
-        if active:
-            block.n_active -= 1
-        if not block.seqs:
-            self.cache.forget(block)
-            self.pool.release(block)
-        elif active and not block.n_active:
-            self.pool.mark_cached(block)
+    def _release_block(self, b: Block) -> None:
+        """The last sequence let go of ``b``: ``cache.forget(b)`` then ``pool.release(b)``,
+        inline (a block is released per block ever reserved)."""
+        if b.hash is not None:
+            del self.cache.entries[b.hash]
+            b.hash = None
+        b.key = None
+        b.n_active = 0
+        pool = self.pool
+        pool.lru.pop(b.block_id, None)
+        pool.free.append(b.block_id)
 
     # ---- integrity ----
 
