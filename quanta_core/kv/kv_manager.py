@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -101,6 +101,8 @@ class KvManager:
         self.num_blocks = num_blocks
         self.cache = PrefixCache(block_size)
         self._ops: list[KvOp] = []
+        # While set, the hash of every cache entry a release drops (a steady run's evictions).
+        self.forget_log: list[int] | None = None
         self._empty()
 
     def _empty(self) -> None:
@@ -232,7 +234,11 @@ class KvManager:
         return shared, hashes, src, n_copy, from_cache, num_new, need, pinned
 
     def start_stays_blocked(
-        self, tokens: Sequence[int], budget: int, copy_from: tuple[int, int] | None = None
+        self,
+        tokens: Sequence[int],
+        budget: int,
+        copy_from: tuple[int, int] | None = None,
+        evict: bool = False,
     ) -> bool:
         """Whether ``allocate`` fails now for want of blocks and goes on failing while the
         active sequences only grow from free blocks (nothing freed, evicted or started).
@@ -241,12 +247,18 @@ class KvManager:
         the cache deepens (a deeper hit shares blocks instead of reserving them): that takes
         an active sequence that holds the hit's chain (or a start of it) and hashes its next
         blocks. If one could, the answer is ``False`` (not known to stay), as it is when the
-        start fails for another reason or might succeed."""
+        start fails for another reason or might succeed.
+
+        ``evict``: also while that growth evicts cached blocks. An eviction may cut the hit
+        short and unpin its blocks, but a shorter hit never needs fewer blocks (the need is
+        min(the prompt's blocks - the hit's, the budget's blocks)) and every block grown
+        takes one from free plus cached: it stays if the need is above free plus cached,
+        pinned or not."""
         sizing = self._size_start(tokens, budget, copy_from)
         if sizing is None:
             return False
         _, hashes, _, _, _, _, need, pinned = sizing
-        if need <= self.num_free_blocks - pinned:
+        if need <= self.num_free_blocks - (0 if evict else pinned):
             return False
         if copy_from is not None or not self.enable_prefix_cache:
             return True  # a sibling's prompt is a fixed prefix; no cache, no hit
@@ -268,10 +280,14 @@ class KvManager:
     def num_blocks_of(self, seq: int) -> int:
         return len(self._seqs[seq].table)
 
-    def steps_from_free(self, seqs: Sequence[tuple[int, int, int]], limit: int) -> int:
+    def steps_from_free(
+        self, seqs: Sequence[tuple[int, int, int]], limit: int, evict: bool = False
+    ) -> int:
         """The most steps (up to ``limit``) in which each ``(seq, computed, per_step)`` grows
         ``per_step`` tokens a step with the blocks it lacks all taken from free ones (no
-        cached block evicted)."""
+        cached block evicted); ``evict``: from free ones and then cached ones, evicted as
+        ``grow`` does (each eviction frees the block and its holders' deeper ones, all
+        cached: every block grown takes one from free plus cached, and no more)."""
         bs = self.block_size
         needs: list[int] = []  # the step that needs each new block, one entry per block
         for seq, computed, n in seqs:
@@ -284,7 +300,7 @@ class KvManager:
                 while end > reserved:
                     needs.append(j)
                     reserved += bs
-        free = self.pool.num_free
+        free = self.pool.num_free + (self.pool.num_cached if evict else 0)
         if len(needs) <= free:
             return limit
         needs.sort()
@@ -340,8 +356,19 @@ class KvManager:
         self._reserve(st, num_tokens)
         return True
 
-    def commit(self, seq: int, tokens: Sequence[int], num_computed: int) -> None:
-        """``seq`` now holds ``tokens[:num_computed]``: hash (and cache) its new full blocks."""
+    def commit(
+        self,
+        seq: int,
+        tokens: Sequence[int],
+        num_computed: int,
+        evicted_after: Mapping[int, int] | None = None,
+        step: int = 0,
+    ) -> None:
+        """``seq`` now holds ``tokens[:num_computed]``: hash (and cache) its new full blocks.
+
+        ``evicted_after`` (a steady run's hashes, taken after its grows): the step at which
+        each cache entry was evicted; one evicted after ``step`` still held its hash then,
+        so the new block does not become the entry, as one by one."""
         if not self.enable_prefix_cache:
             return
         st = self._seqs[seq]
@@ -356,6 +383,8 @@ class KvManager:
             hashes.append(parent)
             # ``self.cache.register(block, parent, key)``, inline: every full block passes here.
             block = table[i]
+            if evicted_after is not None and evicted_after.get(parent, 0) > step:
+                continue
             if block.hash is None and parent not in entries:
                 block.hash = parent
                 block.key = key
@@ -524,6 +553,8 @@ class KvManager:
         inline (a block is released per block ever reserved)."""
         if b.hash is not None:
             del self.cache.entries[b.hash]
+            if self.forget_log is not None:
+                self.forget_log.append(b.hash)
             b.hash = None
         b.key = None
         b.n_active = 0
