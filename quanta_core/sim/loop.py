@@ -59,6 +59,7 @@ class SimLoop:
         self.queue = EventQueue()
         self.steps = 0  # engine passes that ran (plans with work)
         self.bulk_steps = 0  # of those, taken in steady decode runs
+        self.bulk_evictions = 0  # of those, steps whose grows evicted cached blocks
         self.busy_s = 0.0  # virtual seconds the engine was stepping
         self._engine_busy = False  # a step is in flight or a StepStart is queued
         self._bulk = (
@@ -160,7 +161,12 @@ class SimLoop:
             ends.append(end)
             busy += seconds
             now = end
-            dropped = executor.apply_ops(growth.grow(j)) if growth is not None else 0
+            dropped = 0
+            if growth is not None:
+                ops = growth.grow(j)
+                if ops:
+                    self.bulk_evictions += 1
+                    dropped = executor.apply_ops(ops)
             if j == run.steps:
                 break
             seconds = priced.send(dropped)
