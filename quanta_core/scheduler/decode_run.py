@@ -11,18 +11,24 @@ next event and hands the sampled tokens and the steps' end times to
 would have:
 
     cycle j (one by one)     schedule: grow each sequence, in slice order (new blocks at a
-                             block boundary, from the free ones)
+                             block boundary, from the free ones, else by evicting cached
+                             ones: Truncate ops the engine runs after the step is priced)
                              update:   hash each full block, in slice order; one token each
                              decoding request, the chunk charged to the prompt's tenant
     in bulk                  all the grows in (step, slice) order, then all the hashes in
                              (step, slice) order: grows touch the pool, hashes the cache, and
                              a block is always grown before it is hashed in both orders; the
                              policy's charges in (step, slice) order (``on_steady_steps``)
+    in bulk, evicting        the grows step by step, each step's truncations run in the
+                             engine before the next step is priced (``RunGrowth``); then the
+                             hashes, skipping a hash an entry evicted later still held
 
 What makes a step differ from the one before, and so ends a run (it is then taken one by one):
 a request's last token (it finishes), a prompt's last chunk (it samples, and leaves budget to
-admit with), a block boundary with no free block left (a cached block would be evicted: a KV
-op), a waiting request that might start, a policy whose answers move with each step
+admit with), a block boundary with neither a free nor a cached block left (a preemption), a
+block boundary that evicts while a waiting request is short of blocks by less than the free
+and cached ones (an eviction could shorten its prefix hit and let it start), a waiting request
+that might start, a policy whose answers move with each step
 (``Policy.steady_decodes``), and any event from outside.
 """
 
