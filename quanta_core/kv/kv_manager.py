@@ -485,16 +485,25 @@ class KvManager:
     def _truncate_holder(self, seq: int, n_blocks: int) -> None:
         st = self._seqs[seq]
         self._truncate_op(seq, n_blocks * self.block_size)
-        release = self._release_block
+        entries, lru, free, log = self.cache.entries, self.pool.lru, self.pool.free, self.forget_log
         for b in reversed(st.table[n_blocks:]):
-            # Let go of ``b`` as a holder, inline: a reclaimed holder lets go of
-            # every block at once.
+            # Let go of ``b`` as a holder, and ``_release_block(b)`` if nobody holds it now,
+            # inline: a reclaimed holder lets go of every block at once.
             seqs = b.seqs
             if seq not in seqs:
                 raise KvIntegrityError(f"sequence {seq} lets go of block {b.block_id} twice")
             seqs.remove(seq)
             if not seqs:
-                release(b)
+                h = b.hash
+                if h is not None:
+                    del entries[h]
+                    if log is not None:
+                        log.append(h)
+                    b.hash = None
+                b.key = None
+                b.n_active = 0
+                lru.pop(b.block_id, None)
+                free.append(b.block_id)
         del st.table[n_blocks:]
         del st.hashes[n_blocks:]
         st.num_tokens = min(st.num_tokens, n_blocks * self.block_size)
