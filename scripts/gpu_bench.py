@@ -8,11 +8,13 @@
 
 Raw: llama_decode of B sequences in this process (the model's layers on the GPU), then the
 greedy token of every sequence (numpy argmax over its logits): what any server must do per
-step. Served: `quanta run` with the GPU settings below, `quanta bench run` sending B streaming
-requests at once; the decode rate is read in the window where all B streams are decoding (from
-the last first token to the first last token), so neither counts prefill. Server CPU: the
-server process's user + system time over the run, per streamed token (its engine worker is a
-separate process, not counted; the client is measured apart).
+step. Engine: Quanta's worker (its ``Engine``) in this process, stepped with the plans the
+scheduler sends. Served: `quanta run` with the GPU settings below and its step trace on,
+`quanta bench run` sending B streaming requests at once; the decode rate is read in the window
+where all B streams are decoding (from the last first token to the first last token), so
+neither counts prefill, and the trace tells each size's worker step, process boundary and
+server gap. Server CPU: the server process's user + system time over the run, per streamed
+token (its engine worker is a separate process, counted apart; the client is measured apart).
 """
 
 from __future__ import annotations
@@ -114,22 +116,97 @@ def raw_decode(
             logits = np.ctypeslib.as_array(ptr, shape=(b, n_vocab))
             tokens = logits.argmax(axis=1)
             times.append(time.perf_counter() - t0)
-        body = sorted(times[2:])
-        mean = sum(body) / len(body)
-        rows.append(
-            {
-                "streams": b,
-                "steps": len(body),
-                "step_ms_mean": mean * 1e3,
-                "step_ms_p50": body[len(body) // 2] * 1e3,
-                "tokens_per_s": b / mean,
-            }
-        )
+        rows.append({"streams": b, **step_stats(times, b)})
+        mean = rows[-1]["step_ms_mean"] / 1e3
         log(f"raw {b:4d} streams: {mean * 1e3:7.2f} ms a step, {b / mean:8.1f} tokens/s")
     llama_cpp.llama_batch_free(batch)
     llama_cpp.llama_free(ctx)
     llama_cpp.llama_model_free(m)
     return rows
+
+
+def step_stats(times: list[float], b: int) -> dict[str, Any]:
+    """Mean and median step time (the first two steps left out: warm-up), the mean of the
+    first and last tenth (contexts grow over the run), and tokens/s."""
+    body = times[2:]
+    mean = sum(body) / len(body)
+    tenth = max(1, len(body) // 10)
+    return {
+        "steps": len(body),
+        "step_ms_mean": mean * 1e3,
+        "step_ms_p50": sorted(body)[len(body) // 2] * 1e3,
+        "step_ms_first_tenth": sum(body[:tenth]) / tenth * 1e3,
+        "step_ms_last_tenth": sum(body[-tenth:]) / tenth * 1e3,
+        "tokens_per_s": b / mean,
+    }
+
+
+def engine_decode(model: str, streams: tuple[int, ...], steps: int) -> list[dict[str, Any]]:
+    """Quanta's engine worker in this process (its ``Engine``, the plans the scheduler sends:
+    greedy, ignore_eos), no server: what the worker's own step costs over raw's."""
+    from quanta_core.engine.config import EngineConfig
+    from quanta_core.engine.llama_cpp.logs import quiet_llama_logs
+    from quanta_core.engine.llama_cpp.wire import StepCall
+    from quanta_core.engine.llama_cpp.worker import Engine
+    from quanta_core.engine.types import SamplingParams, SeqSlice, StepPlan, Truncate
+
+    quiet_llama_logs()
+    env = GPU_ENV
+    engine = Engine(
+        EngineConfig(
+            model_path=model,
+            n_ctx=int(env["QUANTA_N_CTX"]),
+            n_seq_max=int(env["QUANTA_N_SEQ_MAX"]),
+            n_batch=int(env["QUANTA_N_BATCH"]),
+            n_ubatch=int(env["QUANTA_N_UBATCH"]),
+            threads=os.cpu_count() or 1,
+            n_gpu_layers=int(env["QUANTA_N_GPU_LAYERS"]),
+            flash_attn=env["QUANTA_FLASH_ATTN"],
+        )
+    )
+    sampling = SamplingParams(temperature=0.0, ignore_eos=True)
+    rows = []
+    for b in streams:
+        owners = [f"b{b}-{k}" for k in range(b)]
+        tokens = [300 + (7 * k) % 1000 for k in range(b)]
+        per_step = max(1, engine.n_batch // PROMPT)
+        for first in range(0, b, per_step):  # the prompts, a batch's worth a step
+            ks = range(first, min(b, first + per_step))
+            plan = StepPlan(slices=tuple(
+                SeqSlice(k, tuple(300 + (k * 31 + j) % 5000 for j in range(PROMPT)), 0, True,
+                         owners[k], sampling) for k in ks))  # fmt: skip
+            for out in engine.step(StepCall(plan)).result.outputs:
+                tokens[out.seq] = out.token
+        times, decode, sample = [], [], []
+        for step in range(steps):
+            plan = StepPlan(slices=tuple(
+                SeqSlice(k, (tokens[k],), PROMPT + step, True, owners[k], sampling)
+                for k in range(b)))  # fmt: skip
+            t0 = time.perf_counter()
+            reply = engine.step(StepCall(plan))
+            times.append(time.perf_counter() - t0)
+            decode.append(reply.result.timings.decode_s)
+            sample.append(reply.result.timings.sample_s)
+            for out in reply.result.outputs:
+                tokens[out.seq] = out.token
+        free = StepPlan(kv_ops=tuple(Truncate(k) for k in range(b)), release=tuple(owners))
+        engine.step(StepCall(free))
+        row = {"streams": b, **step_stats(times, b)}
+        row["decode_ms_p50"] = sorted(decode[2:])[len(decode[2:]) // 2] * 1e3
+        row["sample_ms_p50"] = sorted(sample[2:])[len(sample[2:]) // 2] * 1e3
+        rows.append(row)
+        log(f"engine {b:4d} streams: {row['step_ms_mean']:7.2f} ms a step "
+            f"(decode {row['decode_ms_p50']:.2f}, sample {row['sample_ms_p50']:.2f}), "
+            f"{row['tokens_per_s']:8.1f} tokens/s")  # fmt: skip
+    llama_cpp_free(engine)
+    return rows
+
+
+def llama_cpp_free(engine: Any) -> None:
+    import llama_cpp
+
+    llama_cpp.llama_free(engine.ctx)
+    llama_cpp.llama_model_free(engine.model)
 
 
 # ---- served ----
@@ -240,27 +317,39 @@ def decode_window(results: Path) -> dict[str, float]:
         "ttft_p99_ms": summary["ttft"]["p99_ms"],
         "itl_p50_ms": summary["itl"]["p50_ms"],
         "itl_p99_ms": summary["itl"]["p99_ms"],
+        # A stream the server refused is not in the window: fewer completed than sent means
+        # the window measured fewer streams than the row's size.
+        "completed": summary["completed"],
+        "rejected": summary["rejected"],
     }
 
 
-def served(model: str, streams: tuple[int, ...], tokens: int, out: Path) -> list[dict[str, Any]]:
-    server, key = quanta_server(model)
+def served(
+    model: str, streams: tuple[int, ...], tokens: int, out: Path, extra: dict[str, str]
+) -> list[dict[str, Any]]:
+    """One server for every size, its steps traced: each size's row gets the medians of its
+    full decode steps (every stream, one token each) from the trace."""
+    trace = Path(tempfile.mkdtemp(prefix="quanta-trace-")) / "steps.jsonl"
+    server, key = quanta_server(model, {**extra, "QUANTA_STEP_TRACE": str(trace)})
     server.start()
     assert server.proc is not None
-    rows = []
+    rows: list[dict[str, Any]] = []
+    spans: list[tuple[float, float]] = []
     client_log = Path(server.state) / "client.log"
     try:
         for b in streams:
             wl = workload(out / f"wl-{b}.toml", b, tokens)
             res = Path(server.state) / f"served-{b}.json"
             cpu0, t0 = cpu_s(server.proc.pid), time.perf_counter()
-            worker0 = children_cpu_s(server.proc.pid)
+            worker0, mono0 = children_cpu_s(server.proc.pid), time.monotonic()
             client_cpu = client(["--url", f"http://127.0.0.1:{PORT}", "--api-key", key,
                                  "--workload", str(wl), "--out", str(res)],
                                 client_log)  # fmt: skip
             wall, cpu = time.perf_counter() - t0, cpu_s(server.proc.pid) - cpu0
             worker = children_cpu_s(server.proc.pid) - worker0
-            row = {"streams": b, **decode_window(res), "wall_s": wall, "server_cpu_s": cpu}
+            spans.append((mono0, time.monotonic()))
+            row: dict[str, Any] = {"streams": b, **decode_window(res), "wall_s": wall,
+                                   "server_cpu_s": cpu}  # fmt: skip
             row["worker_cpu_us_per_token"] = worker / row["output_tokens"] * 1e6
             row["server_cpu_us_per_token"] = cpu / row["output_tokens"] * 1e6
             row["client_cpu_us_per_token"] = client_cpu / row["output_tokens"] * 1e6
@@ -274,56 +363,103 @@ def served(model: str, streams: tuple[int, ...], tokens: int, out: Path) -> list
             )
     finally:
         server.stop()
+    steps = [json.loads(line) for line in trace.open()]
+    for row, (lo, hi) in zip(rows, spans, strict=True):
+        row["steps"] = trace_summary([r for r in steps if lo <= r["start"] <= hi], row["streams"])
+        log(f"  steps of {row['streams']}: {row['steps']}")
+    trace.unlink()
     return rows
 
 
-def traced(model: str, b: int, tokens: int, out: Path) -> dict[str, Any]:
-    """One more served run of ``b`` streams with the step trace on: where a decode step's
-    time goes (the worker's own engine time, the process boundary, the server between steps).
-    The tracer costs a little itself, so these are not the figures above."""
-    trace = Path(tempfile.mkdtemp(prefix="quanta-trace-")) / "steps.jsonl"
-    server, key = quanta_server(model, {"QUANTA_STEP_TRACE": str(trace)})
-    server.start()
-    try:
-        wl = workload(out / f"wl-{b}.toml", b, tokens)
-        res = Path(server.state) / "traced.json"
-        client(["--url", f"http://127.0.0.1:{PORT}", "--api-key", key, "--workload", str(wl),
-                "--out", str(res)], Path(server.state) / "client.log")  # fmt: skip
-        wl.unlink()
-    finally:
-        server.stop()
-    steps = [json.loads(line) for line in trace.open()]
-    decode = [r for r in steps if r.get("plan") and len(r["plan"]["slices"]) == b
-              and all(len(x["tokens"]) == 1 for x in r["plan"]["slices"])]  # fmt: skip
+def trace_summary(steps: list[dict[str, Any]], b: int) -> dict[str, Any]:
+    """Where a served decode step's time goes, medians over the steps that decode all ``b``
+    streams one token each: the worker's llama_decode and sampling, its whole step
+    (``engine``), the step call as the server sees it (``total``: the process boundary and
+    the wait for the event loop to read the reply), and the server between steps (``gap``).
+    ``period`` = total + gap: one token of every stream."""
 
-    def median_ms(key: str) -> float:
-        values = sorted(r[key] for r in decode if r[key] is not None)
-        return values[len(values) // 2] * 1e3 if values else float("nan")
+    def full(r: dict[str, Any]) -> bool:
+        slices = r["plan"]["slices"] if r.get("plan") else []
+        return len(slices) == b and all(len(x["tokens"]) == 1 for x in slices)
 
-    row = {"streams": b, "decode_steps": len(decode), "engine_ms": median_ms("engine"),
-           "total_ms": median_ms("total"), "gap_ms": median_ms("gap")}  # fmt: skip
-    log(f"traced {b} streams: {row}")
+    decode = [r for r in steps if full(r)]
+
+    def median_ms(key: str) -> float | None:
+        values = sorted(r[key] for r in decode if r.get(key) is not None)
+        return values[len(values) // 2] * 1e3 if values else None
+
+    row: dict[str, Any] = {"all": len(steps), "full_decode": len(decode)}
+    for key in ("decode", "sample", "engine", "total", "gap"):
+        row[f"{key}_ms"] = median_ms(key)
+    periods = sorted(r["total"] + r["gap"] for r in decode if r.get("gap") is not None)
+    row["period_ms"] = periods[len(periods) // 2] * 1e3 if periods else None
     return row
 
 
 def cmd_serve(args: argparse.Namespace) -> dict[str, Any]:
     streams = tuple(args.streams)
+    partial = args.out / f"serve{'-' + args.tag if args.tag else ''}.partial.json"
+    done: dict[str, Any] = {}
+
+    def keep(name: str, value: Any) -> Any:  # what is done survives a later failure
+        done[name] = value
+        partial.write_text(json.dumps(done, indent=1))
+        return value
+
     # Raw decodes as many steps as a served answer has tokens: every step of either attends
     # over the same cells (in one unified KV buffer, the cells of every sequence).
-    raw = raw_decode(args.model, streams, args.steps or args.tokens, args.gpu_layers)
-    srv = served(args.model, streams, args.tokens, args.out)
-    attribution = traced(args.model, max(streams), args.tokens, args.out)
+    steps = args.steps or args.tokens
+    parts = set(args.parts)
+    if "raw" in parts:
+        keep("raw", raw_decode(args.model, streams, steps, args.gpu_layers))
+    if "engine" in parts:
+        keep("engine", engine_decode(args.model, streams, steps))
+    # Quanta's default on a GPU overlaps the streams' writes with the next step; the same
+    # run with the overlap off is the server as it was.
+    # The policy admits every stream (--serve-policy, default fcfs): Quanta's default policy
+    # refuses what it projects past its first-token target, and a refused stream is not
+    # served at that size (bench/results/gpu/README.md: 69 of 256 ran under it).
+    policy = {"QUANTA_POLICY": args.serve_policy}
+    if "served" in parts:
+        keep("served", served(args.model, streams, args.tokens, args.out, policy))
+    if "plain" in parts:  # the smallest, a middle and the largest size: device time is short
+        sizes = tuple(sorted({streams[0], streams[len(streams) // 2], streams[-1]}))
+        keep("served_no_overlap", served(args.model, sizes, args.tokens, args.out,
+                                         {**policy, "QUANTA_OVERLAP_STEPS": "false"}))  # fmt: skip
+    done["settings_from_environment"] = {
+        k: v for k, v in os.environ.items() if k.startswith("QUANTA_")
+    }
+    done["table"] = serve_table(done)
+    partial.unlink()
+    return done
+
+
+def serve_table(done: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per size: tokens/s of each part that ran, served / raw, server CPU/token."""
+    names = {"raw": "tokens_per_s", "engine": "tokens_per_s", "served": "decode_tokens_per_s",
+             "served_no_overlap": "decode_tokens_per_s"}  # fmt: skip
+    parts = [p for p in names if p in done]
     table = []
-    for r, s in zip(raw, srv, strict=True):
-        ratio = s["decode_tokens_per_s"] / r["tokens_per_s"]
-        table.append({"streams": r["streams"], "raw_tokens_per_s": r["tokens_per_s"],
-                      "served_tokens_per_s": s["decode_tokens_per_s"], "ratio": ratio,
-                      "server_cpu_us_per_token": s["server_cpu_us_per_token"]})  # fmt: skip
-    print(f"{'streams':>8} {'raw tok/s':>10} {'served':>10} {'ratio':>6} {'srv us/tok':>10}")
-    for t in table:
-        print(f"{t['streams']:8d} {t['raw_tokens_per_s']:10.1f} {t['served_tokens_per_s']:10.1f} "
-              f"{t['ratio']:6.3f} {t['server_cpu_us_per_token']:10.1f}")  # fmt: skip
-    return {"raw": raw, "served": srv, "table": table, "step_trace": attribution}
+    for b in sorted({r["streams"] for p in parts for r in done[p]}):
+        row: dict[str, Any] = {"streams": b}
+        for part in parts:
+            r = next((r for r in done[part] if r["streams"] == b), None)
+            if r is None:
+                continue
+            row[part] = r[names[part]]
+            if "server_cpu_us_per_token" in r:
+                row[f"{part}_server_cpu_us_per_token"] = r["server_cpu_us_per_token"]
+                row[f"{part}_completed"] = r["completed"]
+        for part in ("served", "served_no_overlap"):
+            if part in row and "raw" in row:
+                row[f"{part}_over_raw"] = row[part] / row["raw"]
+        table.append(row)
+    keys = list(dict.fromkeys(k for row in table for k in row if k != "streams"))
+    print("streams " + " ".join(f"{k[:14]:>14}" for k in keys))
+    for row in table:
+        cells = (f"{row[k]:14.2f}" if k in row else f"{'-':>14}" for k in keys)
+        print(f"{row['streams']:7d} " + " ".join(cells))
+    return table
 
 
 # ---- llama-server vs Quanta ----
@@ -425,7 +561,7 @@ def cmd_llama(args: argparse.Namespace) -> dict[str, Any]:
     state = Path(tempfile.mkdtemp(prefix="quanta-gpu-llama-"))
     log_to = state / "client.log"
     url = f"http://127.0.0.1:{PORT}"
-    for policy in ("fcfs", "slo"):  # fcfs: Quanta's default
+    for policy in () if args.llama_server_only else ("quanta",):  # Quanta's default
         server, key = quanta_server(args.model, {"QUANTA_POLICY": policy})
         env = {**os.environ, **server.env}
         etl = subprocess.run(
@@ -433,20 +569,19 @@ def cmd_llama(args: argparse.Namespace) -> dict[str, Any]:
             env=env, check=True, capture_output=True,
         ).stdout.decode()  # fmt: skip
         etl_key = next(ln.split(": ", 1)[1] for ln in etl.splitlines() if ln.startswith("api"))
-        flood = flood_workload(args.out / "flood.toml", key, etl_key)
+        flood_workload(args.out / "flood.toml", key, etl_key)
+        flood = args.out / "flood.toml"
         server.start()
         try:
             for name, wl in (("crowd", crowd), ("flood", flood)):
-                if name == "crowd" and policy != "fcfs":
-                    continue
                 res = state / f"{name}-quanta-{policy}.json"
                 common = ["--url", url, "--api-key", key, "--workload", str(wl), "--out", str(res)]
                 out[f"{name}-quanta-{policy}"] = measure(server, f"{name} quanta {policy}",
                                                          common, log_to)  # fmt: skip
-                if name == "crowd":
-                    (args.out / "crowd-quanta-fcfs.json").write_bytes(res.read_bytes())
         finally:
             server.stop()
+    if args.llama_server_only:  # llama-server takes any key: the workload's are placeholders
+        flood_workload(args.out / "flood.toml", "none", "none")
     server = llama_server(args.llama_server, args.model)
     server.start()
     try:
@@ -465,7 +600,9 @@ def cmd_llama(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> dict[str, Any]:
-    """`quanta calibrate` with the GPU settings; the cost model lands in --out."""
+    """`quanta calibrate` with the GPU settings (the cost model lands in --out), then one
+    served run, the crowd (200 at once x 256 tokens), and `quanta sim` of the same workload
+    on that cost model: predicted vs measured throughput and mean TTFT."""
     env = {**os.environ, **GPU_ENV, "QUANTA_MODEL_PATH": args.model,
            "QUANTA_CONFIG": "/nonexistent/quanta.toml"}  # fmt: skip
     model_out = args.out / "cost_model.json"
@@ -473,7 +610,38 @@ def cmd_calibrate(args: argparse.Namespace) -> dict[str, Any]:
     subprocess.run(["quanta", "calibrate", "--model", args.model, "--out", str(model_out),
                     "--plot", str(args.out / "cost_model.png"), *args.calibrate_args],
                    env=env, check=True)  # fmt: skip
-    return {"cost_model": str(model_out), "calibrate_s": time.perf_counter() - started}
+    result: dict[str, Any] = {"cost_model": str(model_out),
+                              "calibrate_s": time.perf_counter() - started}  # fmt: skip
+    result["fit"] = json.loads(model_out.read_text())["meta"].get("fit")
+    (args.out / "calibrate.partial.json").write_text(json.dumps(result, indent=1))
+    crowd = crowd_workload(args.out / "predict.toml")
+    state = Path(tempfile.mkdtemp(prefix="quanta-gpu-predict-"))
+    measured, predicted = state / "measured.json", state / "predicted.json"
+    server, key = quanta_server(args.model)
+    server.start()
+    try:
+        client(["--url", f"http://127.0.0.1:{PORT}", "--api-key", key, "--workload", str(crowd),
+                "--out", str(measured)], state / "client.log")  # fmt: skip
+    finally:
+        server.stop()
+    subprocess.run(["quanta", "sim", "--workload", str(crowd), "--cost-model", str(model_out),
+                    "--out", str(predicted)], env={**env, **server.env}, check=True,
+                   stdout=subprocess.DEVNULL)  # fmt: skip
+    crowd.unlink()
+    m, p = summary_of(measured)["overall"], summary_of(predicted)["overall"]
+    compare = {}
+    for name, mv, pv in (
+        ("output_tokens_per_s", m["output_tokens_per_s"], p["output_tokens_per_s"]),
+        ("ttft_mean_ms", m["ttft"]["mean_ms"], p["ttft"]["mean_ms"]),
+        ("ttft_p99_ms", m["ttft"]["p99_ms"], p["ttft"]["p99_ms"]),
+        ("itl_p50_ms", m["itl"]["p50_ms"], p["itl"]["p50_ms"]),
+    ):
+        compare[name] = {"measured": mv, "predicted": pv, "predicted_over_measured": pv / mv}
+        log(f"predict {name}: measured {mv:.1f}, predicted {pv:.1f} ({pv / mv:.3f})")
+    result["prediction"] = {"workload": "200 at once x 256 tokens", **compare}
+    result["measured"], result["predicted"] = m, p
+    (args.out / "calibrate.partial.json").unlink()
+    return result
 
 
 def environment() -> dict[str, Any]:
@@ -505,13 +673,21 @@ def main() -> int:
     parser.add_argument("--gpu-layers", type=int, default=-1)
     parser.add_argument("--calibrate-args", nargs="*", default=[], help="passed to calibrate")
     parser.add_argument("--small", action="store_true", help="a tenth of the work")
+    parser.add_argument(
+        "--parts", nargs="+", default=["raw", "engine", "served", "plain"],
+        help="serve: raw, engine (the worker in-process), served, plain (served, no overlap)",
+    )  # fmt: skip
+    parser.add_argument("--serve-policy", default="fcfs", help="serve: the server's policy")
+    parser.add_argument("--llama-server-only", action="store_true", help="llama: skip Quanta")
+    parser.add_argument("--tag", default="", help="results file: BENCH-TAG.json")
     args = parser.parse_args()
     global SMALL
     SMALL = args.small
     args.out.mkdir(parents=True, exist_ok=True)
     commands = {"serve": cmd_serve, "llama": cmd_llama, "calibrate": cmd_calibrate}
     result = {"bench": args.bench, "environment": environment(), **commands[args.bench](args)}
-    (args.out / f"{args.bench}.json").write_text(json.dumps(result, indent=1))
+    name = f"{args.bench}-{args.tag}" if args.tag else args.bench
+    (args.out / f"{name}.json").write_text(json.dumps(result, indent=1))
     return 0
 
 

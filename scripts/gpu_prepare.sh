@@ -11,7 +11,8 @@
 #                      dependencies that the machine's image lacks (CPython 3.12, x86-64)
 #   gpu_run.sh, make_synthetic_gguf.py, gpu_bench.py   the device-side scripts
 # and DEST is added to the checkout's .git/info/exclude. Then, on the device:
-#   run(command="bash .gpu/gpu_run.sh serve", carry=[".gpu"])   (bench/results/gpu/README.md)
+#   run(command="bash .gpu/gpu_run.sh go 565 build serve llama calibrate", carry=[".gpu"])
+#   (then `go 565` again at once: bench/results/gpu/README.md)
 #
 # Environment: PYTHON (default: the checkout's .venv/bin/python, else /work/main/.venv), SDIST
 # (a llama_cpp_python-<version>.tar.gz already downloaded; default: downloaded through pip).

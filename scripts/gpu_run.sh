@@ -7,9 +7,11 @@
 #   bash .gpu/gpu_run.sh go SECONDS BENCH [BENCH...]
 #
 # `go` starts the benches detached (setsid: they outlive this call on the warm machine) unless
-# a previous call already started them, waits up to SECONDS for them to end, and copies what
-# they have written so far into $OUT; a next call `go SECONDS` (no benches) on the still-warm
-# machine waits again. A call is at most 10 minutes: the build and all benches take longer.
+# benches started by a previous call still run, waits up to SECONDS for them to end, and copies
+# what they have written so far into $OUT; a next call `go SECONDS` (no benches) on the
+# still-warm machine waits again, and `go SECONDS BENCH...` once they are done starts more (with
+# this call's carried code and environment: QUANTA_* settings, BENCH_ARGS). A call is at most 10
+# minutes: the build and all benches take longer.
 #
 # BENCH: check     the environment only (GPU, nvcc, python), no build: a cheap first call
 #        build     only build (libllama + llama-server, CUDA sm_90) and write the model
@@ -117,10 +119,15 @@ env_quanta() {
     export PATH="$SITE/bin:$PATH"
 }
 
-collect() {  # what the detached benches wrote, into this call's $OUT (at most 8 files back)
+collect() {  # what the benches wrote, into this call's $OUT (at most 8 files come back)
     local dest="$1"
-    find "$WORK/out" -maxdepth 1 -type f \( -name '*.json' -o -name '*.png' \) \
-        -exec cp {} "$dest/" \;
+    tar -C "$WORK/out" -czf "$dest/results.tgz" . 2>/dev/null || true
+    local n=0
+    for f in "$WORK"/out/*.json; do
+        [[ -f "$f" && $n -lt 6 ]] || continue
+        case "$f" in *wl-*|*predict*) continue ;; esac
+        cp "$f" "$dest/" && n=$((n + 1))
+    done
     cp "$WORK/pipeline.log" "$dest/" 2>/dev/null || true
 }
 
@@ -128,11 +135,19 @@ if [[ "${1:-}" == go ]]; then
     seconds="$2"
     shift 2
     CALL_OUT="$OUT"
+    if [[ -f "$WORK/.done" && $# -gt 0 ]]; then
+        rm -f "$WORK/.started" "$WORK/.done" "$WORK/.failed"  # the last ones ended: more
+    fi
     if [[ ! -f "$WORK/.started" && $# -gt 0 ]]; then
         touch "$WORK/.started"
+        log "pipeline: $*" 2>>"$WORK/pipeline.log"
         export WORK OUT="$WORK/out"
-        setsid nohup bash -c 'bash "$0" "$@" >"$WORK/pipeline.log" 2>&1 || touch "$WORK/.failed"
-            touch "$WORK/.done"' "$HERE/gpu_run.sh" "$@" </dev/null >/dev/null 2>&1 &
+        # The benches run from a copy of this call's carry: a later call's carry replaces the
+        # folder this script was started from.
+        run_from="$WORK/carry-$(date +%s)"
+        cp -r "$HERE" "$run_from"
+        setsid nohup bash -c 'bash "$0" "$@" >>"$WORK/pipeline.log" 2>&1 || touch "$WORK/.failed"
+            touch "$WORK/.done"' "$run_from/gpu_run.sh" "$@" </dev/null >/dev/null 2>&1 &
     fi
     deadline=$((SECONDS + seconds))
     while [[ ! -f "$WORK/.done" && $SECONDS -lt $deadline ]]; do

@@ -1,14 +1,16 @@
 #!/usr/bin/env python
 """Write a GGUF of a Llama model's shape with random Q4_0 weights and a synthetic tokenizer.
 
-    python scripts/make_synthetic_gguf.py OUT.gguf [--shape llama3-8b|tiny] [--gguf-py DIR]
+    python scripts/make_synthetic_gguf.py OUT.gguf [--shape SHAPE] [--gguf-py DIR]
 
 It measures speed, not text: every step costs what a real model of that shape costs (the same
 tensors, types and vocabulary size), but the answers are noise. ``llama3-8b`` is Llama-3-8B's
 shape (32 layers, 4096 wide, GQA 32/8, FFN 14336, 128,256 tokens), about 4.6 GB; ``tiny``
-loads in a second for checking the pipeline on a CPU. The tokenizer is SentencePiece-style
-(``llama``): <unk>, <s>, </s>, 256 byte tokens, then pieces ``▁t<N>``. The end-of-sequence
-row of the output matrix is zero, so greedy decoding never ends an answer on its own.
+loads in a second for checking the pipeline on a CPU; ``tiny-128k`` is tiny with Llama-3's
+vocabulary (what scales with the vocabulary, profiled on a CPU). The tokenizer is
+SentencePiece-style (``llama``): <unk>, <s>, </s>, 256 byte tokens, then pieces ``▁t<N>``. The
+end-of-sequence row of the output matrix is zero, so greedy decoding never ends an answer on
+its own.
 
 Needs numpy and the ``gguf`` package (pip's, or llama.cpp's own gguf-py: --gguf-py).
 """
@@ -31,6 +33,12 @@ SHAPES: dict[str, dict[str, Any]] = {
     "tiny": {
         "n_embd": 256, "n_layer": 2, "n_head": 4, "n_head_kv": 2, "n_ff": 512,
         "n_vocab": 49152, "n_ctx_train": 4096, "rope_base": 10000.0,
+    },
+    # tiny's layers with Llama-3's vocabulary: the per-sequence costs that scale with the
+    # vocabulary (logits, sampling) at a step cost a CPU can profile
+    "tiny-128k": {
+        "n_embd": 256, "n_layer": 2, "n_head": 4, "n_head_kv": 2, "n_ff": 512,
+        "n_vocab": 128256, "n_ctx_train": 4096, "rope_base": 10000.0,
     },
 }  # fmt: skip
 QK = 32  # Q4_0: 32 weights a block, an f16 scale then 16 bytes of 4-bit values
@@ -136,7 +144,7 @@ def write(path: Path, shape: str, seed: int = 0) -> None:
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
-    pool = BlockPool(rng, n_blocks=1 << 22 if shape != "tiny" else 1 << 14)
+    pool = BlockPool(rng, n_blocks=1 << 14 if shape.startswith("tiny") else 1 << 22)
     for name, dims, kind in plan:
         if kind == "f32":
             w.write_tensor_data(np.ones(dims, dtype=np.float32))

@@ -16,11 +16,13 @@ from quanta_core.scheduler import Driver, Refused, Scheduler, SchedulerConfig
 from tests.scheduler_harness import expected_tokens, prompt
 
 
-def make_driver(executor: FakeExecutor | None = None, **config: object) -> Driver:
+def make_driver(
+    executor: FakeExecutor | None = None, overlap: bool = False, **config: object
+) -> Driver:
     executor = executor or FakeExecutor()
     clock = VirtualClock()
     cfg = SchedulerConfig(check_integrity=True, **config)  # type: ignore[arg-type]
-    return Driver(Scheduler(cfg, executor.info, clock), executor, clock)
+    return Driver(Scheduler(cfg, executor.info, clock), executor, clock, overlap=overlap)
 
 
 async def test_submit_streams_tokens_then_the_result() -> None:
@@ -160,3 +162,64 @@ async def test_the_step_runs_off_the_event_loop() -> None:
     [result] = await handle.results()
     assert result.finish_reason is FinishReason.LENGTH
     await driver.stop(grace_s=1.0)
+
+
+# ---- overlap: the next step goes out before the streams take the last one's tokens ----
+
+
+class LoopStepped(FakeExecutor):
+    """A fake stepped from the loop, as the real engine is; it notes, at every step sent,
+    how many tokens the stream had taken by then."""
+
+    def __init__(self, seen: list[int], **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.seen = seen
+        self.seen_at_step: list[int] = []
+
+    async def step_async(self, plan: StepPlan) -> StepResult:
+        self.seen_at_step.append(len(self.seen))
+        await asyncio.sleep(0)  # the engine computes; the loop is free meanwhile
+        return self.step(plan)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+async def test_steps_overlap_the_streams_only_when_asked(overlap: bool) -> None:
+    tokens: list[int] = []
+    executor = LoopStepped(tokens)
+    driver = make_driver(executor, overlap=overlap)
+    await driver.start()
+    handle = driver.submit(GenerationRequest("a", prompt(4), max_tokens=6))
+    async for event in handle:
+        if isinstance(event, TokenEvent):
+            tokens.append(event.token)
+    assert tokens == expected_tokens(prompt(4), 6)
+    await driver.stop(grace_s=1.0)
+    # Step k (k >= 1) decodes the token step k-1 sampled. Without overlap the stream has
+    # taken that token before step k is sent; with it, step k is sent first.
+    sent = executor.seen_at_step[1:6]
+    if overlap:
+        assert sent == [0, 1, 2, 3, 4]
+    else:
+        assert sent == [1, 2, 3, 4, 5]
+
+
+async def test_overlap_keeps_every_stream_exact_through_cancels_and_a_crash() -> None:
+    executor = FakeExecutor(n_ctx=256, n_seq_max=6, crash_at_step=5)
+    driver = make_driver(executor, overlap=True, max_running=4, token_budget=32)
+    await driver.start()
+    handles = [
+        driver.submit(GenerationRequest(f"r{i}", prompt(10 + 7 * i, base=50 * i), 8, n=1 + i % 3))
+        for i in range(10)
+    ]
+    victim = driver.submit(GenerationRequest("v", prompt(30), max_tokens=10_000))
+    async for event in victim:
+        if isinstance(event, TokenEvent):
+            driver.cancel("v")
+    [cancelled] = await victim.results()
+    assert cancelled.finish_reason is FinishReason.CANCELLED
+    for i, handle in enumerate(handles):
+        for r in await handle.results():
+            assert r.output_tokens == tuple(expected_tokens(prompt(10 + 7 * i, base=50 * i), 8))
+    await driver.stop(grace_s=1.0)
+    driver.scheduler.check_integrity()
+    assert driver.scheduler.kv.stats().active_blocks == 0

@@ -41,6 +41,23 @@ def test_environment_sets_gpu_offload(model: str, monkeypatch: pytest.MonkeyPatc
     assert (config.n_seq_max, config.n_batch, config.n_ubatch) == (256, 2048, 1024)
 
 
+@pytest.mark.parametrize(
+    ("env", "overlaps"),
+    [
+        ({}, False),  # the CPU engine: the streams' writes wait for the step's end
+        ({"QUANTA_N_GPU_LAYERS": "-1"}, True),
+        ({"QUANTA_N_GPU_LAYERS": "-1", "QUANTA_OVERLAP_STEPS": "false"}, False),
+        ({"QUANTA_OVERLAP_STEPS": "true"}, True),
+    ],
+)
+def test_steps_overlap_the_streams_on_a_gpu_unless_told(
+    model: str, monkeypatch: pytest.MonkeyPatch, env: dict[str, str], overlaps: bool
+) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert Settings(model_path=model).overlaps_steps() is overlaps
+
+
 def test_ubatch_is_at_most_the_batch(model: str) -> None:
     config = Settings(model_path=model, n_batch=256, n_ubatch=1024).engine_config()
     assert config.n_ubatch == 256

@@ -1,12 +1,16 @@
-"""``kill -9`` of the server process mid-load: the ledger holds what the clients were served.
+"""``kill -9`` of the server process mid-load, and of the engine under one request: the
+ledger holds what the clients were sent.
 
-Requests that ended before the kill are in the ledger exactly; streams cut by it are there up
-to the last flush (partial rows), closed as ``interrupted`` at the next start; the quota
-counters rebuilt at that start equal the ledger.
+Requests that ended before the kill are in the ledger exactly, flushed or not (the ledger's
+journal is written ahead); a stream cut by it is charged what its client received, give or
+take the one write under way when the process died, and closed as ``interrupted`` at the
+next start; the quota counters rebuilt at that start equal the ledger. A request that fails
+after the engine produced tokens is charged only what its client was sent.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import sqlite3
 import threading
@@ -47,7 +51,8 @@ def wait_for(what: Callable[[], bool], timeout_s: float = 120.0) -> None:
 
 
 def stream(url: str, model: str, key: str, received: list[int]) -> None:
-    """A chat stream of one token per logprob entry; ``received`` counts them as they come."""
+    """A chat stream of one token per logprob entry; ``received`` counts them as they come
+    (``[tokens, the most in one event, 1 if it ended with an error event]``)."""
     body = {
         "model": model,
         "messages": MESSAGES,
@@ -63,53 +68,55 @@ def stream(url: str, model: str, key: str, received: list[int]) -> None:
             for line in r.iter_lines():
                 if line.startswith("data: {"):
                     chunk = httpx.Response(200, content=line[6:]).json()
+                    received[2] += "error" in chunk
                     for choice in chunk.get("choices", []):
-                        received[0] += len((choice.get("logprobs") or {}).get("content") or [])
+                        n = len((choice.get("logprobs") or {}).get("content") or [])
+                        received[0] += n
+                        received[1] = max(received[1], n)
     except httpx.HTTPError:
         pass  # the server died: what came before it is what was received
 
 
-def test_a_killed_server_loses_nothing_it_had_flushed(model_path: Path) -> None:
+def post_admitted(url: str, body: dict[str, Any], key: str) -> httpx.Response:
+    """A chat request, sent again at its retry-after while admission refuses it (the
+    streams beside it can make the first-token estimate miss its target)."""
+    for _ in range(20):
+        r = httpx.post(f"{url}/v1/chat/completions", json=body, headers=bearer(key), timeout=120)
+        if r.status_code not in (429, 503):
+            break
+        time.sleep(float(r.headers.get("retry-after-ms", "1000")) / 1000)
+    assert r.status_code == 200, r.text
+    return r
+
+
+def test_a_killed_server_loses_nothing_it_sent(model_path: Path) -> None:
     db = fresh_db()
     server = start_server(db=db)
     server.wait_ready()
     model = httpx.get(f"{server.url}/v1/models", headers=server.auth).json()["data"][0]["id"]
     done_key = db.create_key("finished")
     stream_keys = [db.create_key(f"streaming-{i}") for i in range(3)]
-    received = [[0] for _ in stream_keys]
+    received = [[0, 0, 0] for _ in stream_keys]
     threads = [
         threading.Thread(target=stream, args=(server.url, model, k, got), daemon=True)
         for k, got in zip(stream_keys, received, strict=True)
     ]
     for t in threads:
         t.start()
+    done_id = key_of(server, done_key)["id"]
+    stream_ids = [key_of(server, k)["id"] for k in stream_keys]
+    wait_for(lambda: all(got[0] > 0 for got in received))
     finished = 0
     for i in range(4):
         body = {"model": model, "messages": [{"role": "user", "content": f"Say {i}."}]}
-        r = httpx.post(
-            f"{server.url}/v1/chat/completions",
-            json={**body, "max_tokens": 8},
-            headers=bearer(done_key),
-            timeout=120,
-        )
-        assert r.status_code == 200, r.text
+        r = post_admitted(server.url, {**body, "max_tokens": 8}, done_key)
         finished += r.json()["usage"]["completion_tokens"]
-    done_id = key_of(server, done_key)["id"]
-    stream_ids = [key_of(server, k)["id"] for k in stream_keys]
-    db_path = db.root / "quanta.db"
-
-    # The sync points: the finished requests' rows and every stream's partial rows written.
-    def flushed() -> bool:
-        rows = ledger(db_path)
-        done = [r for r in rows if r[0] == done_id and r[1] == "completed"]
-        partial = {r[0] for r in rows if r[1] == "partial" and r[2] > 0}
-        return len(done) == 4 and partial >= set(stream_ids)
-
-    wait_for(flushed)
+    # No waiting for the ledger's flush: what was sent is in its journal already.
     server.process.send_signal(signal.SIGKILL)
     server.process.wait(30)
     for t in threads:
         t.join(60)
+    db_path = db.root / "quanta.db"
 
     again = start_server(db=db)
     try:
@@ -118,13 +125,15 @@ def test_a_killed_server_loses_nothing_it_had_flushed(model_path: Path) -> None:
         mine = [r for r in rows if r[0] == done_id]
         assert sum(r[2] for r in mine) == finished
         assert [r[1] for r in mine].count("completed") == 4
-        assert {r[1] for r in mine} <= {"partial", "completed"}
-        for key_id, got in zip(stream_ids, received, strict=True):
+        assert {r[1] for r in mine} <= {"partial", "completed", "rejected"}  # retried 503s
+        assert all(r[3] == 0 for r in mine if r[1] == "rejected")
+        for key_id, (got, most_in_one_write, _) in zip(stream_ids, received, strict=True):
             cut = [r for r in rows if r[0] == key_id]
             assert [r[1] for r in cut].count("interrupted") == 1
             assert {r[1] for r in cut} == {"partial", "interrupted"}
             charged = sum(r[2] for r in cut)
-            assert 0 < charged <= got[0]  # never more than the client received
+            # All it received, and at most the one write the kill came in the middle of.
+            assert got <= charged <= got + max(most_in_one_write, 1)
         # The counters rebuilt at start are the ledger's, exactly.
         tenant_ids = {r[4] for r in rows}
         for tenant_id in tenant_ids:
@@ -134,3 +143,63 @@ def test_a_killed_server_loses_nothing_it_had_flushed(model_path: Path) -> None:
             assert t["counters"]["concurrent_requests"] == 0
     finally:
         again.stop()
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def kill_engine(server: ServerProcess) -> None:
+    for pid in children(server.process.pid):
+        os.kill(pid, signal.SIGKILL)
+
+
+def whole_json(url: str, model: str, key: str, out: list[httpx.Response]) -> None:
+    body = {"model": model, "messages": MESSAGES, "max_tokens": 2000, "ignore_eos": True}
+    out.append(
+        httpx.post(f"{url}/v1/chat/completions", json=body, headers=bearer(key), timeout=300)
+    )
+
+
+def test_a_request_failed_after_tokens_is_charged_what_it_was_sent(model_path: Path) -> None:
+    """The engine killed twice under the same requests fails them (500 for the JSON one, an
+    error event for the stream) after the engine produced tokens for both."""
+    db = fresh_db()
+    server = start_server(db=db)
+    try:
+        server.wait_ready()
+        model = httpx.get(f"{server.url}/v1/models", headers=server.auth).json()["data"][0]["id"]
+        stream_key, json_key = db.create_key("stream"), db.create_key("json")
+        got = [0, 0, 0]
+        answers: list[httpx.Response] = []
+        threads = [
+            threading.Thread(target=stream, args=(server.url, model, stream_key, got)),
+            threading.Thread(target=whole_json, args=(server.url, model, json_key, answers)),
+        ]
+        for t in threads:
+            t.start()
+        for _ in range(2):  # each death after tokens came since the last (the engine is back)
+            before = got[0]
+            wait_for(lambda before=before: got[0] >= before + 5)  # type: ignore[misc]
+            kill_engine(server)
+        for t in threads:
+            t.join(120)
+        assert got[2] == 1  # the stream ended with an error event
+        assert answers[0].status_code == 500, answers[0].text
+        stream_id, json_id = key_of(server, stream_key)["id"], key_of(server, json_key)["id"]
+    finally:
+        server.stop()
+    rows = ledger(db.root / "quanta.db")
+    streamed = [r for r in rows if r[0] == stream_id]
+    assert sum(r[2] for r in streamed) == got[0] > 0
+    assert streamed[-1][1] == "error"
+    whole = [r for r in rows if r[0] == json_id]
+    assert [(r[1], r[2], r[3]) for r in whole] == [("error", 0, 0)]

@@ -322,3 +322,20 @@ async def test_mixed_classes_and_tenants_run_to_the_end_through_the_driver() -> 
     stats = driver.stats()
     assert (stats.num_running, stats.num_waiting, stats.kv_usage) == (0, 0, 0.0)
     assert {t.tenant for t in stats.tenants} == {"t0", "t1", "t2"}
+
+
+def test_batch_behind_a_backlog_served_slower_than_projected_is_refused() -> None:
+    """Interactive traffic keeps both slots: the batch queue is not served at all. At first
+    (no history) a batch arrival is projected on the slots and queued; once the backlog has
+    stood unserved a while, the measured rate says it cannot end by its deadline."""
+    h = Harness.make(policy="slo", max_running=2, slo=SloConfig(batch_deadline_s=60.0))
+    for k in range(2):
+        assert submit(h, f"chat{k}", max_tokens=1000, tenant="chat").decision is not REJECT
+        h.cycle()
+    assert submit(h, "early", tenant="etl", slo_class=BATCH).decision is QUEUE
+    for _ in range(300):  # 3 s of steps, none of them batch's
+        h.cycle()
+    late = submit(h, "late", tenant="etl", slo_class=BATCH)
+    assert (late.decision, late.rejection) == (REJECT, RejectionKind.OVERLOADED)
+    assert late.reason is not None and "batch target" in late.reason
+    assert late.retry_after_s is not None and late.retry_after_s > 0

@@ -1,8 +1,9 @@
 """One choice's text as the client sees it: detokenized, cut at stop strings, with logprobs.
 
-A token's logprob entry is released together with the last character of its text, so text
-held back at a possible stop string holds back its logprobs too; tokens past a stop string
-are never shown.
+A token is released together with the last character of its text (its logprob entry with
+it), so text held back at a possible stop string holds back its tokens too; tokens past a
+stop string are never shown. ``released`` counts the tokens released: what the client can
+have been sent of a choice that has not ended.
 """
 
 from __future__ import annotations
@@ -44,9 +45,11 @@ class ChoiceText:
     vocab: Tokenizer
     want_logprobs: bool = False
     n_tokens: int = 0  # tokens consumed (up to and including the one completing a stop)
+    released: int = 0  # tokens whose text has been released
     _produced: int = 0  # characters decoded so far, held back or not
     _released: int = 0
-    _pending: deque[tuple[int, int, LogprobEntry]] = field(default_factory=deque)
+    # (start, end) of each token's text not yet released, and its logprob entry if asked
+    _pending: deque[tuple[int, int, LogprobEntry | None]] = field(default_factory=deque)
 
     @property
     def stopped(self) -> bool:
@@ -57,9 +60,9 @@ class ChoiceText:
             return Piece("", ())
         self.n_tokens += 1
         text = self.detokenizer.push(event.token)
-        if self.want_logprobs:
-            start, self._produced = self._produced, self._produced + len(text)
-            self._pending.append((start, self._produced, self._entry(event, start)))
+        start, self._produced = self._produced, self._produced + len(text)
+        entry = self._entry(event, start) if self.want_logprobs else None
+        self._pending.append((start, self._produced, entry))
         return self._release(self.stop.push(text))
 
     def finish(self) -> Piece:
@@ -81,7 +84,9 @@ class ChoiceText:
                 shown = shown or start < self._released
             if not shown:
                 break
-            out.append(entry)
+            if entry is not None:
+                out.append(entry)
+            self.released += 1
             self._pending.popleft()
         if self.stopped:
             self._pending.clear()

@@ -7,12 +7,16 @@
 A stop string ends its choice at once for the client; the core's request is cancelled when
 every choice has stopped or finished (the core cancels a request, not a choice). Leaving the
 iteration early (a client gone, an error) cancels the request and frees its KV.
+
+What it was served is what was written to its client: the writer calls ``mark_sent()``
+just before each write (a stream's event, the whole response), and ``outcome()`` counts
+the output tokens released up to the last one (``on_sent`` hears of each).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -35,6 +39,7 @@ from quanta_core.requests import (
 from quanta_core.scheduler.admission import Refused
 
 Finish = Literal["stop", "length"]
+_WHOLE = (FinishReason.STOP, FinishReason.LENGTH)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +75,8 @@ class Generation:
         self._handle: Handle | None = None
         self._refused = False
         self._cancelled = False
+        self._sent = 0  # output tokens in what was written to the client
+        self.on_sent: Callable[[], None] | None = None
         self._request = GenerationRequest(
             request_id=ctx.request_id,
             prompt_tokens=plan.prompt_tokens,
@@ -120,8 +127,22 @@ class Generation:
             self._cancelled = True
             self._core.driver.cancel(self._ctx.request_id)
 
+    def mark_sent(self) -> None:
+        """Everything released so far is being written to the client now."""
+        self._sent = sum(self._sent_tokens(i) for i in range(len(self._choices)))
+        if self.on_sent is not None:
+            self.on_sent()
+
+    def _sent_tokens(self, index: int) -> int:
+        """A choice's output tokens the client has: all of them once it ended whole (its
+        end token too, which is charged though never shown), else those released."""
+        choice, result = self._choices[index], self._results.get(index)
+        if choice.stopped or (result is not None and result.finish_reason in _WHOLE):
+            return self._completion_tokens(index)
+        return choice.released
+
     def outcome(self) -> Outcome:
-        """What was served, for the quotas and the usage ledger (read when the request ends)."""
+        """What was served (written to the client), for the quotas and the usage ledger."""
         usage = self.usage()
         reasons = {r.finish_reason for r in self._results.values()}
         if self._refused or FinishReason.REJECTED in reasons:
@@ -137,7 +158,7 @@ class Generation:
             status,
             usage.prompt_tokens,
             usage.prompt_tokens_details.cached_tokens,
-            usage.completion_tokens,
+            self._sent,
             min(queue, default=None),
             min(ttft, default=None),
         )

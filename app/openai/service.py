@@ -67,11 +67,14 @@ class CompletionService:
         generation = Generation(core, plan, request.n, ctx, self._metrics, logprobs=logprobs)
         if ctx.gate is not None:
             ctx.gate.bind(generation.outcome)
+            generation.on_sent = ctx.gate.sent
         generation.start()  # a refusal is the response's status, before any body
         updates = generation.updates()
         if not request.stream:
             choices = await unless_disconnected(receive, _collect(updates, request.n))
-            return Response(renderer.whole(choices, generation.usage()))
+            response = Response(renderer.whole(choices, generation.usage()))
+            generation.mark_sent()  # charged before it is written; a failure is sent nothing
+            return response
         options = request.stream_options
         include_usage = options is not None and options.include_usage
         # As vLLM: continuous usage only together with include_usage.

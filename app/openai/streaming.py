@@ -59,14 +59,18 @@ async def event_stream(
             if generation.finished:
                 tail += events
             elif events:
+                generation.mark_sent()  # charged before it is written
                 yield events
         if include_usage:
             tail += sse(renderer.usage_chunk(generation.usage()))
+        generation.mark_sent()
         yield tail + DONE
     except ApiError as exc:
+        generation.mark_sent()
         yield tail + sse(exc.body())
     except Exception:
         log.exception("stream failed")
+        generation.mark_sent()
         yield tail + sse(GenerationFailed("internal server error").body())
     finally:
         # The client left (the stream was cancelled) or something failed: free the KV now.

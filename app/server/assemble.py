@@ -87,7 +87,7 @@ def build_core(settings: Settings) -> Core:
     )
     if settings.warmup:
         warm_up(scheduler, executor)
-    driver = Driver(scheduler, executor, clock)
+    driver = Driver(scheduler, executor, clock, overlap=settings.overlaps_steps())
 
     def stats() -> CoreStats:
         s = driver.stats()

@@ -97,6 +97,14 @@ class Settings(BaseSettings):
         default="auto",
         description="llama.cpp flash attention: auto (on where the backend supports it), on, off",
     )
+    # With the model on a GPU the engine leaves the CPU free while it steps: the next step is
+    # sent before the streams write the last one's tokens, so those writes overlap it. On a
+    # CPU engine the writes would take cores from its threads: off (driver.py, ``_hand_over``).
+    overlap_steps: bool | None = Field(
+        default=None,
+        description="send the next engine step before streaming the last one's tokens "
+        "(unset: on when n_gpu_layers is not 0)",
+    )
     # A small budget lets running streams decode between prefill chunks: earlier first tokens
     # for a crowd and more tokens/s, for a larger inter-token gap while prompts are prefilled
     # (bench/results/twenty_at_once_core.json).
@@ -271,6 +279,11 @@ class Settings(BaseSettings):
         """The other names of the model, without the primary one or repeats."""
         primary = self.served_model_name()
         return tuple(dict.fromkeys(n for n in self.served_model_names if n != primary))
+
+    def overlaps_steps(self) -> bool:
+        if self.overlap_steps is not None:
+            return self.overlap_steps
+        return self.n_gpu_layers != 0
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig(

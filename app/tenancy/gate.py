@@ -81,6 +81,11 @@ class RequestGate:
         if self._reservation is not None:
             self._reservation.bind(outcome)
 
+    def sent(self) -> None:
+        """The client is about to be written what the outcome now counts."""
+        if self._reservation is not None:
+            self._reservation.sent()
+
 
 def tenancy_middleware(app: ASGIApp) -> ASGIApp:
     async def middleware(scope: Scope, receive: Receive, send: Send) -> None:

@@ -1,19 +1,24 @@
-"""The usage ledger, written in batches off the request path.
+"""The usage ledger, written in batches off the request path, ahead in a journal.
 
-    request ends ─▶ record(row), a list append
-    in flight    ─▶ watch(progress): each flush asks it for what it served since the last
-    authenticated ─▶ touch(key, t)
-                     every 0.5 s or 500 rows, one transaction:
-                       ├ usage_ledger += the rows
-                       ├ usage_daily  += the rows summed per UTC day, tenant, key, class
-                       └ api_keys.last_used_at
+    a write to the client ─▶ ahead(row): the request's service so far, to the journal
+    request ends          ─▶ ahead(total), record(row): a list append
+    in flight             ─▶ watch(progress): each flush asks it for what it sent since the last
+    authenticated         ─▶ touch(key, t)
+                             every 0.5 s or 500 rows, one transaction:
+                               ├ usage_ledger += the rows
+                               ├ usage_daily  += the rows summed per UTC day, tenant, key, class
+                               └ api_keys.last_used_at
+                             then the journal's segments it covers are deleted
 
-A request's service is the sum of its rows: ``partial`` rows while it streams (tokens served
+A request's service is the sum of its rows: ``partial`` rows while it streams (tokens sent
 since the previous flush; counted as no request), then one row with its final status and
-the rest. So a ``kill -9`` of the server loses at most what was served in the last flush
-interval (``every_s``); at the next start ``close_interrupted`` gives each request left
-with only partial rows its closing ``interrupted`` row. ``stop()`` flushes what is left, so
-a clean shutdown loses nothing. A failed flush keeps its rows for the next one.
+the rest. What a request is charged is what was written to its client (``Progress``).
+
+A ``kill -9`` of the server loses nothing: at the next start ``replay`` adds to the ledger
+whatever the journal (app/tenancy/journal.py, which says what it guarantees) holds beyond
+it, and ``close_interrupted`` gives each request left with only partial rows its closing
+``interrupted`` row. ``stop()`` flushes what is left, so a clean shutdown leaves the journal
+empty. A failed flush keeps its rows (and the journal its segments) for the next one.
 """
 
 from __future__ import annotations
@@ -24,13 +29,16 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
-from typing import Protocol, cast
+from dataclasses import asdict, dataclass, replace
+from typing import TYPE_CHECKING, Protocol, cast
 
-from sqlalchemy import Table, bindparam, func, insert, select, update
+from sqlalchemy import Table, bindparam, case, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.db.models import ApiKey, DailyUsage, UsageRecord
+
+if TYPE_CHECKING:
+    from app.tenancy.journal import Journal
 
 log = logging.getLogger("quanta.ledger")
 
@@ -59,7 +67,7 @@ INTERRUPTED = "interrupted"  # the server died while it was in flight
 
 class Progress(Protocol):
     def progress(self) -> UsageRow | None:
-        """The service since the last call, as a partial row; ``None`` if nothing new."""
+        """What was sent since the last call, as a partial row; ``None`` if nothing new."""
 
 
 def utc_day(t: float) -> str:
@@ -74,8 +82,10 @@ class LedgerWriter:
         every_s: float = 0.5,
         max_batch: int = 500,
         clock: Callable[[], float] = time.time,
+        journal: Journal | None = None,
     ) -> None:
         self._clock = clock
+        self._journal = journal
         self._sessions = sessions
         self._every_s = every_s
         self._max_batch = max_batch
@@ -86,6 +96,11 @@ class LedgerWriter:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
+
+    def ahead(self, total: UsageRow) -> None:
+        """A request's whole service so far (cumulative), before the client is sent it."""
+        if self._journal is not None:
+            self._journal.append(total)
 
     def record(self, row: UsageRow) -> None:
         self._rows.append(row)
@@ -105,6 +120,16 @@ class LedgerWriter:
     def pending(self) -> int:
         return len(self._rows)
 
+    async def recover(self) -> int:
+        """Replay into the ledger what the journal holds beyond it (left by a server that
+        died), empty the journal and open it for writing; the rows added."""
+        if self._journal is None:
+            return 0
+        added = await replay(self._sessions, self._journal.rows())
+        self._journal.discard_through(_ALL)
+        self._journal.open()
+        return added
+
     def start(self) -> None:
         self._task = asyncio.create_task(self._run())
 
@@ -115,6 +140,8 @@ class LedgerWriter:
                 await self._task
             self._task = None
         await self.flush()
+        if self._journal is not None:
+            self._journal.close()
 
     async def _run(self) -> None:
         while True:
@@ -139,9 +166,15 @@ class LedgerWriter:
             for progress in list(self._watched.values()):
                 if (row := progress.progress()) is not None:
                     self._rows.append(row)
+            # Every journal row so far is in the rows taken now (or in the ledger already).
+            # While flushes fail the segment is kept open: one file per outage, not per try.
+            covered = None
+            if self._journal is not None and self.failing_since is None:
+                covered = self._journal.rotate()
             rows, self._rows = self._rows, []
             touched, self._touched = self._touched, {}
             if not rows and not touched:
+                self._discard(covered)
                 return
             try:
                 async with self._sessions.begin() as session:
@@ -162,6 +195,11 @@ class LedgerWriter:
                 for key_id, at in touched.items():
                     self._touched.setdefault(key_id, at)
                 raise
+            self._discard(covered)
+
+    def _discard(self, covered: int | None) -> None:
+        if self._journal is not None and covered is not None:
+            self._journal.discard_through(covered)
 
 
 async def _roll_up(session: AsyncSession, rows: list[UsageRow]) -> None:
@@ -250,6 +288,47 @@ async def close_interrupted(sessions: async_sessionmaker[AsyncSession], now: flo
             )
             for request_id, tenant_id, key_id, slo_class, started_at in open_
         ]
+    if rows:
+        async with sessions.begin() as session:
+            await session.execute(insert(UsageRecord), [asdict(row) for row in rows])
+            await _roll_up(session, rows)
+    return len(rows)
+
+
+_ALL = 1 << 62  # every segment
+_SUMS = ("prompt_tokens", "cached_tokens", "completion_tokens", "charged_tokens")
+
+
+async def replay(sessions: async_sessionmaker[AsyncSession], totals: dict[str, UsageRow]) -> int:
+    """Add to the ledger what ``totals`` (each request's cumulative service, from the
+    journal) hold beyond its rows: a request with a final row is whole already; the others
+    get one row of the difference, with the journal's status. The rows added."""
+    r = UsageRecord
+    have: dict[str, tuple[list[int], bool]] = {}
+    ids = list(totals)
+    async with sessions() as session:
+        keys = set((await session.scalars(select(ApiKey.id))).all())
+        for i in range(0, len(ids), 500):
+            found = await session.execute(
+                select(
+                    r.request_id,
+                    *(func.sum(getattr(r, name)) for name in _SUMS),
+                    func.max(case((r.status != PARTIAL, 1), else_=0)),  # any final row
+                )
+                .where(r.request_id.in_(ids[i : i + 500]))
+                .group_by(r.request_id)
+            )
+            for request_id, *sums, final in found:
+                have[request_id] = ([int(x or 0) for x in sums], bool(final))
+    rows = []
+    for request_id, total in totals.items():
+        sums, final = have.get(request_id, ([0, 0, 0, 0], False))
+        if final or total.key_id not in keys:  # whole already, or a key the DB never had
+            continue
+        delta = [getattr(total, name) - s for name, s in zip(_SUMS, sums, strict=True)]
+        if total.status == PARTIAL and not any(delta):
+            continue
+        rows.append(replace(total, **dict(zip(_SUMS, delta, strict=True))))
     if rows:
         async with sessions.begin() as session:
             await session.execute(insert(UsageRecord), [asdict(row) for row in rows])

@@ -17,6 +17,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import func, select
@@ -28,6 +29,7 @@ from app.server.errors import DatabaseUnavailable, InvalidApiKey, RateLimited, T
 from app.server.settings import Settings
 from app.tenancy.auth_guard import AuthGuard, retry_after_s
 from app.tenancy.directory import Directory, KeyView, TenantView
+from app.tenancy.journal import Journal
 from app.tenancy.keys import KeyHasher, load_secret, same_digest, sha256_hex
 from app.tenancy.ledger import PARTIAL, LedgerWriter, UsageRow, close_interrupted, utc_day
 from app.tenancy.limiter import MINUTE, Charge, Limiter, Remaining, Scope
@@ -35,6 +37,7 @@ from app.tenancy.limits import UNLIMITED, Denial, duration
 
 log = logging.getLogger("quanta.tenancy")
 
+JOURNAL_DIR = "ledger-journal"  # in data_dir: the ledger's write-ahead file
 NEGATIVE_TTL_S = 5.0  # an unknown key is looked up in the DB at most this often
 NEGATIVE_MAX = 10_000
 # Statuses whose row does not count a request against RPM (a partial row's request is
@@ -137,7 +140,8 @@ class Tenancy:
         self.hasher = KeyHasher(load_secret(settings))
         self.directory = Directory()
         self.limiter = Limiter()
-        self.ledger = LedgerWriter(self.sessions, clock=clock)
+        journal = Journal(Path(settings.data_dir) / JOURNAL_DIR)
+        self.ledger = LedgerWriter(self.sessions, clock=clock, journal=journal)
         self.admin_hash: str | None = None
         self._unknown: dict[str, float] = {}
         self.guard = AuthGuard(
@@ -162,6 +166,9 @@ class Tenancy:
                 self.admin_hash = await session.scalar(
                     select(AdminCredential.hashed).order_by(AdminCredential.id.desc()).limit(1)
                 )
+        recovered = await self.ledger.recover()
+        if recovered:
+            log.warning("%d usage rows recovered from the ledger's journal", recovered)
         closed = await close_interrupted(self.sessions, self.clock())
         if closed:
             log.warning("%d requests were in flight when the server last died", closed)
@@ -288,7 +295,12 @@ class Tenancy:
 
 
 class Reservation:
-    """One request's hold on its quotas; ``close`` settles it exactly once."""
+    """One request's hold on its quotas; ``close`` settles it exactly once.
+
+    It is charged what its client was sent (the ``Outcome`` it is bound to counts only
+    tokens written to the client), and each write is announced first (``sent``) so that the
+    ledger's journal holds it before the client does. A failure that sent no output (a 500)
+    is charged nothing."""
 
     def __init__(
         self, tenancy: Tenancy, principal: Principal, request_id: str, charge: Charge
@@ -304,8 +316,15 @@ class Reservation:
         self._outcome = outcome
         self._tenancy.ledger.watch(self)
 
+    def sent(self) -> None:
+        """The client is about to be written what ``outcome`` now says: journal it first."""
+        if self._charge.settled or self._outcome is None:
+            return
+        out = replace(self._outcome(), status=PARTIAL)
+        self._tenancy.ledger.ahead(self._total(out, self._tenancy.clock()))
+
     def progress(self) -> UsageRow | None:
-        """The tokens served since the last partial row (the ledger asks at each flush)."""
+        """The tokens sent since the last partial row (the ledger asks at each flush)."""
         if self._charge.settled or self._outcome is None:
             return None
         out = self._outcome()
@@ -321,15 +340,13 @@ class Reservation:
         now = t.clock()
         out = self._outcome() if self._outcome is not None else NOTHING_SERVED
         served = out.status != "rejected" and self._outcome is not None
-        charged = out.prompt_tokens + out.completion_tokens if served else 0
+        charged = _charged(out) if served else 0
         t.limiter.settle(self._charge, charged, now, count_request=served)
-        t.ledger.record(self._row(out, now, charged=served))
+        t.ledger.ahead(self._total(out, now))
+        t.ledger.record(self._row(out, now))
 
-    def _row(self, out: Outcome, now: float, charged: bool = True) -> UsageRow:
-        """``out`` less what the partial rows already hold; they then hold all of it."""
-        p0, c0, o0 = self._written
-        self._written = (out.prompt_tokens, out.cached_tokens, out.completion_tokens)
-        prompt, completion = out.prompt_tokens - p0, out.completion_tokens - o0
+    def _total(self, out: Outcome, now: float) -> UsageRow:
+        """``out`` as one cumulative row: the request's whole service so far."""
         key = self._principal.key
         return UsageRow(
             request_id=self._request_id,
@@ -337,13 +354,35 @@ class Reservation:
             key_id=key.id,
             slo_class=key.slo_class.value,
             status=out.status,
-            prompt_tokens=prompt,
-            cached_tokens=out.cached_tokens - c0,
-            completion_tokens=completion,
-            charged_tokens=prompt + completion if charged else 0,
+            prompt_tokens=out.prompt_tokens,
+            cached_tokens=out.cached_tokens,
+            completion_tokens=out.completion_tokens,
+            charged_tokens=_charged(out) if out.status != "rejected" else 0,
             queue_s=out.queue_s,
             ttft_s=out.ttft_s,
             duration_s=now - self._charge.at,
             started_at=self._charge.at,
             finished_at=now,
         )
+
+    def _row(self, out: Outcome, now: float) -> UsageRow:
+        """``out`` less what the partial rows already hold; they then hold all of it."""
+        total = self._total(out, now)
+        p0, c0, o0 = self._written
+        self._written = (out.prompt_tokens, out.cached_tokens, out.completion_tokens)
+        charged_before = p0 + o0 if o0 else 0  # partial rows exist once output was sent
+        return replace(
+            total,
+            prompt_tokens=out.prompt_tokens - p0,
+            cached_tokens=out.cached_tokens - c0,
+            completion_tokens=out.completion_tokens - o0,
+            charged_tokens=total.charged_tokens - charged_before,
+        )
+
+
+def _charged(out: Outcome) -> int:
+    """A request is charged its prompt and the output its client was sent; one that failed
+    before sending any output was not served, and is charged nothing."""
+    if out.status == "error" and out.completion_tokens == 0:
+        return 0
+    return out.prompt_tokens + out.completion_tokens

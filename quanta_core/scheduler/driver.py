@@ -32,7 +32,7 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
@@ -54,8 +54,16 @@ HAND_OVER_MAX_YIELDS = 8
 
 
 class Driver:
-    def __init__(self, scheduler: Scheduler, executor: Executor, clock: Clock) -> None:
+    """``overlap``: send the next step to the engine before the streams take this step's
+    tokens, so their HTTP writes run while the engine computes instead of between steps. For
+    an engine that leaves the CPU free while it steps (a GPU): on a CPU engine that uses every
+    core, the writes would stall its thread barriers instead (``_hand_over``)."""
+
+    def __init__(
+        self, scheduler: Scheduler, executor: Executor, clock: Clock, *, overlap: bool = False
+    ) -> None:
         self.scheduler = scheduler
+        self.overlap = overlap
         self.executor = executor
         self.clock = clock
         self._handles: dict[str, RequestHandle] = {}
@@ -156,8 +164,31 @@ class Driver:
             # Live requests, none runnable: only a submit, cancel or stop can change that.
             await self._wake.wait()
             return
+        step: Awaitable[StepResult] = self._step(plan)
+        while True:
+            result = await self._finish_step(plan, step)
+            if result is None:
+                return
+            self._steps.append((self.clock.now(), plan, result))
+            events = sched.update(plan, result)
+            if not self.overlap or self._closing:
+                await self._hand_over(self._dispatch(events))
+                return
+            # The next step goes out first (its task is the first ready when the loop turns),
+            # then the streams take this step's events while the engine computes it.
+            plan = sched.schedule()
+            events += sched.drain_events()
+            if plan.is_empty:
+                await self._hand_over(self._dispatch(events))
+                return
+            step = asyncio.ensure_future(self._step(plan))
+            await self._hand_over(self._dispatch(events))
+
+    async def _finish_step(self, plan: StepPlan, step: Awaitable[StepResult]) -> StepResult | None:
+        """The step's result, or None when it failed (the failure already handled)."""
+        sched = self.scheduler
         try:
-            result = await self._step(plan)
+            return await step
         except EngineDied as exc:
             log.warning("the engine died (%s); restarting it", exc)
             events = sched.on_engine_died(plan)
@@ -166,13 +197,11 @@ class Driver:
                 await self._in_engine_thread(self.executor.restart)
             except EngineError as restart_exc:
                 self._fail_everything(f"the engine died and did not restart: {restart_exc}")
-            return
+            return None
         except EngineInputError as exc:
             log.error("the engine refused a plan (a scheduler bug): %s", exc)
             self._dispatch(sched.on_plan_rejected(plan, str(exc)))
-            return
-        self._steps.append((self.clock.now(), plan, result))
-        await self._hand_over(self._dispatch(sched.update(plan, result)))
+            return None
 
     async def _hand_over(self, handles: list[RequestHandle]) -> None:
         """Let the consumers (HTTP streams) take this step's events before the next step.

@@ -3,9 +3,9 @@
     executor = StepTracer(LlamaCppExecutor.start(config), clock, open("steps.jsonl", "w"))
 
 One JSON line per step: ``{"start": s, "gap": s, "engine": s, "total": s, "kv_ops": n,
-"f": [StepFeatures...], "plan": StepPlan}``. The plan (its KV operations and slices, token
-ids and sampling included) lets ``quanta step-replay`` run the very same steps on the engine
-alone; a trace written before it was recorded has none.
+"f": [StepFeatures...], "plan": StepPlan, "decode": s, "sample": s}``. The plan (its KV
+operations and slices, token ids and sampling included) lets ``quanta step-replay`` run the
+very same steps on the engine alone; a trace written before it was recorded has none.
 
     ┌─ gap ─┐┌────────── total ──────────┐┌─ gap ─┐
     ────────┤│ plan ─▶ worker ─▶ result   │├───────
@@ -49,6 +49,10 @@ class StepRecord(msgspec.Struct, frozen=True):
     kv_ops: int
     f: tuple[float, ...]
     plan: StepPlan | None = None
+    # The worker's own split of ``engine``: llama_decode, and the sampling after it (None in a
+    # trace written before they were recorded).
+    decode: float | None = None
+    sample: float | None = None
 
     @property
     def features(self) -> StepFeatures:
@@ -113,6 +117,8 @@ class StepTracer:
             kv_ops=len(plan.kv_ops),
             f=tuple(features),
             plan=plan,
+            decode=result.timings.decode_s,
+            sample=result.timings.sample_s,
         )
         self._sink.write(self._encoder.encode(record).decode())
         self._sink.write("\n")

@@ -5,9 +5,9 @@
 Every request must end whole (``completed``: tokens received == its usage) or with a clear
 error (an HTTP error, an error event in the stream); a request cut by the server's own
 death is ``cut``. After a clean stop the ledger holds, per key, what the clients received
-(requests cut by a server kill: at most one ledger flush behind). A tenant with a daily
-token quota is checked after each restart: its rebuilt counter equals the ledger's, and
-once spent the quota refuses (429).
+(a request cut by a server kill: at most the one write under way when it died). A tenant
+with a daily token quota is checked after each restart, before its key is used again: its
+rebuilt counter equals the ledger's, and once spent the quota refuses (429).
 """
 
 from __future__ import annotations
@@ -37,28 +37,35 @@ ENGINE_KILL_EVERY_S = 20.0
 DAILY_QUOTA = 4000
 
 
-async def worker(client: Client, keys: list[Key], end: float, seed: int) -> None:
+async def worker(client: Client, keys: list[Key], end: float, seed: int, quiet: set[str]) -> None:
+    """Back-to-back requests on ``keys`` but those in ``quiet``."""
     rng = random.Random(seed)
     while time.monotonic() < end:
         kind = rng.choice(("json", "stream", "stream"))
-        outcome = await client.one(rng.choice(keys), kind, rng.randint(16, 96), rng)
+        key = rng.choice([k for k in keys if k.key_id not in quiet])
+        outcome = await client.one(key, kind, rng.randint(16, 96), rng)
         if outcome.startswith("transport"):
             await asyncio.sleep(0.5)  # the server is restarting
         await asyncio.sleep(rng.uniform(0.0, 0.3))
 
 
 def charged_today(server: Server, tenant_id: str) -> int:
+    """The tenant's charged tokens in the ledger, of today (UTC) as the daily quota counts."""
+    midnight = time.time() // 86_400 * 86_400
     with sqlite3.connect(server.db_path) as con:
         (n,) = con.execute(
-            "SELECT COALESCE(SUM(charged_tokens), 0) FROM usage_ledger WHERE tenant_id = ?",
-            (tenant_id,),
+            "SELECT COALESCE(SUM(charged_tokens), 0) FROM usage_ledger "
+            "WHERE tenant_id = ? AND started_at >= ?",
+            (tenant_id, midnight),
         ).fetchone()
     return int(n)
 
 
-def quota_check(server: Server, limited: Key, model: str) -> dict[str, Any]:
-    """Right after a restart: the rebuilt counter against the ledger, and one request."""
+def quota_check(server: Server, limited: Key, model: str, tally: Tally) -> dict[str, Any]:
+    """Right after a restart, before the quota's key is used again: the rebuilt counter
+    against the ledger, then one request (what it receives counted in ``tally``)."""
     counters = server.admin("GET", f"/tenants/{limited.tenant_id}")["counters"]
+    ledger = charged_today(server, limited.tenant_id)
     body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 64}
     r = httpx.post(
         f"{server.url}/v1/chat/completions",
@@ -66,7 +73,8 @@ def quota_check(server: Server, limited: Key, model: str) -> dict[str, Any]:
         headers={"authorization": f"Bearer {limited.value}"},
         timeout=60,
     )
-    ledger = charged_today(server, limited.tenant_id)
+    if r.status_code == 200:
+        tally.received[limited.key_id] += r.json()["usage"]["completion_tokens"]
     return {
         "tokens_today_rebuilt": counters["tokens_today"],
         "tokens_in_ledger": ledger,
@@ -93,6 +101,9 @@ async def chaos(minutes: float, workers: int) -> dict[str, Any]:
     server_kills_at = (start + minutes * 60 / 3, start + minutes * 120 / 3)
     events: list[dict[str, Any]] = []
     quota_checks: list[dict[str, Any]] = []
+    # The quota's key rests from its server's kill to its check: what is in flight on it
+    # then is cut by the kill, and nothing new is charged to it before the check reads.
+    quiet: set[str] = set()
 
     async def havoc() -> None:
         next_engine_kill = start + ENGINE_KILL_EVERY_S
@@ -101,11 +112,14 @@ async def chaos(minutes: float, workers: int) -> dict[str, Any]:
             now = time.monotonic()
             if pending and now >= pending[0]:
                 pending.pop(0)
+                quiet.add(limited.key_id)
                 server.kill()
                 events.append({"t_s": round(now - start, 1), "killed": "server"})
                 await asyncio.to_thread(server.start)
                 events.append({"t_s": round(time.monotonic() - start, 1), "restarted": True})
-                quota_checks.append(await asyncio.to_thread(quota_check, server, limited, model))
+                check = await asyncio.to_thread(quota_check, server, limited, model, tally)
+                quota_checks.append(check)
+                quiet.discard(limited.key_id)
             elif now >= next_engine_kill:
                 next_engine_kill = now + ENGINE_KILL_EVERY_S
                 for pid in server.engine_pids():
@@ -114,7 +128,7 @@ async def chaos(minutes: float, workers: int) -> dict[str, Any]:
             await asyncio.sleep(0.2)
 
     await asyncio.gather(
-        havoc(), *(worker(client, [*keys, limited], end, i) for i in range(workers))
+        havoc(), *(worker(client, [*keys, limited], end, i, quiet) for i in range(workers))
     )
     await client.close()
     await asyncio.sleep(2.0)

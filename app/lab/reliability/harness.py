@@ -206,13 +206,19 @@ class Tally:
 class Client:
     """One kind of request at a time, counting the tokens it gets: one per logprob entry,
     and the end-of-generation token of a choice that stopped (no stop strings are sent, so
-    ``stop`` means that token), which the server counts as OpenAI and vLLM do."""
+    ``stop`` means that token), which the server counts as OpenAI and vLLM do.
+
+    No connection cap: httpx's default pool (100 connections) would hold the rest of an
+    open-loop flood in this process, unsent, and time their wait as the server's."""
 
     def __init__(self, url: str, model: str, tally: Tally, timeout_s: float = 300.0) -> None:
         self.url = url
         self.model = model
         self.tally = tally
-        self.http = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=10.0))
+        self.http = httpx.AsyncClient(
+            timeout=httpx.Timeout(timeout_s, connect=10.0, pool=None),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+        )
 
     async def one(self, key: Key, kind: str, max_tokens: int, rng: random.Random) -> str:
         body: dict[str, Any] = {
@@ -296,13 +302,6 @@ class Client:
 def model_of(url: str, key: Key) -> str:
     r = httpx.get(f"{url}/v1/models", headers={"authorization": f"Bearer {key.value}"})
     return str(r.json()["data"][0]["id"])
-
-
-async def healthz_ms(url: str) -> float:
-    async with httpx.AsyncClient(timeout=10) as http:
-        t0 = time.perf_counter()
-        await http.get(f"{url}/healthz")
-        return (time.perf_counter() - t0) * 1000
 
 
 def write_result(name: str, result: dict[str, Any]) -> Path:

@@ -5,7 +5,9 @@
 First the capacity: requests per second that a closed loop of a few clients completes.
 Then open-loop arrivals at ``--factor`` times that rate (at most ``MAX_IN_FLIGHT`` requests
 held open by this client), with ``/healthz`` probed every half second and the server's RSS
-sampled; rejections (429/503) are timed from send to answer. Then the closed loop again:
+sampled; rejections (429/503) are timed from send to answer, by the flood's own clients
+(their event loop's delays included) and by a door probe in a thread of its own (one
+interactive stream a second, timed to its status line). Then the closed loop again:
 how soon and how well it is served after the flood.
 """
 
@@ -16,14 +18,16 @@ import asyncio
 import random
 import statistics
 import time
+from collections import Counter, defaultdict
 from typing import Any
+
+import httpx
 
 from app.lab.reliability.harness import (
     Client,
     Key,
     Server,
     Tally,
-    healthz_ms,
     loadavg,
     model_of,
     rss_kib,
@@ -76,13 +80,48 @@ async def overload(minutes: float, factor: float, workers: int) -> dict[str, Any
     tasks: set[asyncio.Task[str]] = set()
     skipped = 0
 
-    async def probe() -> None:
-        while time.monotonic() < end:
-            health.append(await healthz_ms(server.url))
-            rss.append(rss_kib(server.pid))
-            await asyncio.sleep(0.5)
+    door: dict[int, list[float]] = defaultdict(list)
 
-    prober = asyncio.create_task(probe())
+    # The probes run in threads of their own, each on its own connection: the flood's event
+    # loop (hundreds of open requests in this process) must not delay their timings.
+    def probe() -> None:
+        with httpx.Client(timeout=10) as http:
+            while time.monotonic() < end:
+                t0 = time.perf_counter()
+                http.get(f"{server.url}/healthz")
+                health.append((time.perf_counter() - t0) * 1000)
+                rss.append(rss_kib(server.pid))
+                time.sleep(0.5)
+
+    def door_probe() -> None:
+        """Once a second an interactive stream, timed to its status line, then dropped."""
+        body = {
+            "model": model,
+            "messages": [{"role": "user", "content": "Say hello."}],
+            "max_tokens": MAX_TOKENS,
+            "stream": True,
+        }
+        auth = {"authorization": f"Bearer {keys[0].value}"}
+        with httpx.Client(timeout=60) as http:
+            while time.monotonic() < end:
+                t0 = time.perf_counter()
+                url = f"{server.url}/v1/chat/completions"
+                with http.stream("POST", url, json=body, headers=auth) as r:
+                    door[r.status_code].append((time.perf_counter() - t0) * 1000)
+                time.sleep(1.0)
+
+    by_class: dict[str, Counter[str]] = defaultdict(Counter)
+    completed_s: dict[str, list[float]] = defaultdict(list)
+
+    async def one(key: Key, rng: random.Random) -> str:
+        t0 = time.monotonic()
+        outcome = await flood.one(key, "json", MAX_TOKENS, rng)
+        by_class[key.slo_class][outcome] += 1
+        if outcome == "completed":
+            completed_s[key.slo_class].append(time.monotonic() - t0)
+        return outcome
+
+    probes = asyncio.gather(asyncio.to_thread(probe), asyncio.to_thread(door_probe))
     rng = random.Random(0)
     next_at = start
     while next_at < end:
@@ -91,10 +130,10 @@ async def overload(minutes: float, factor: float, workers: int) -> dict[str, Any
         if len(tasks) >= MAX_IN_FLIGHT:
             skipped += 1
             continue
-        task = asyncio.create_task(flood.one(rng.choice(keys), "json", MAX_TOKENS, rng))
+        task = asyncio.create_task(one(rng.choice(keys), rng))
         tasks.add(task)
         task.add_done_callback(tasks.discard)
-    await prober
+    await probes
     in_flight_at_end = len(tasks)
     await asyncio.gather(*tasks)
     await flood.close()
@@ -130,6 +169,13 @@ async def overload(minutes: float, factor: float, workers: int) -> dict[str, Any
             pct(tally.latencies.get("completed", []), 0.5),
             pct(tally.latencies.get("completed", []), 0.99),
         ],
+        "outcomes_by_class": {c: dict(v) for c, v in by_class.items()},
+        "completed_s_p50_p99_max_by_class": {
+            c: [pct(v, 0.5), pct(v, 0.99), pct(v, 1.0)] for c, v in completed_s.items()
+        },
+        "door_probe_ms_p50_p99_max_by_status": {
+            str(code): [pct(v, 0.5), pct(v, 0.99), pct(v, 1.0)] for code, v in door.items()
+        },
         "healthz_ms_p50_p99_max": [pct(health, 0.5), pct(health, 0.99), pct(health, 1.0)],
         "healthz_probes": len(health),
         "healthz_over_100ms": sum(1 for h in health if h > 100),

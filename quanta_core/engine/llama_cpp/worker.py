@@ -11,6 +11,7 @@ then one sample per sequence that asked for logits.
 from __future__ import annotations
 
 import ctypes
+import itertools
 import socket
 import sys
 import time
@@ -101,6 +102,13 @@ class Engine:
         self._n_seq_id = np.ctypeslib.as_array(self.batch.n_seq_id, shape=(self.n_batch,))
         self._logits = np.ctypeslib.as_array(self.batch.logits, shape=(self.n_batch,))
         self._n_seq_id[:] = 1
+        # Every token's sequence id in one array: the batch's per-token pointers are aimed
+        # into it once, so a step writes all ids at once (the batch is never freed, so
+        # llama_batch_free never sees these pointers).
+        self._seq = np.zeros(self.n_batch, dtype=np.int32)
+        base = self._seq.ctypes.data
+        for i in range(self.n_batch):
+            self.batch.seq_id[i] = ctypes.cast(base + 4 * i, ctypes.POINTER(llama_cpp.llama_seq_id))
         self.kv_bytes_per_token = self._measure_state_bytes_per_token()
 
     def info(self) -> EngineInfo:
@@ -211,19 +219,26 @@ class Engine:
         return None
 
     def _decode(self, slices: tuple[SeqSlice, ...]) -> int:
-        i = 0
-        seq_id = self.batch.seq_id
-        for s in slices:
-            n = len(s.tokens)
-            self._tokens[i : i + n] = s.tokens
-            self._pos[i : i + n] = np.arange(s.start_pos, s.start_pos + n)
-            self._logits[i : i + n] = 0
-            for j in range(i, i + n):
-                seq_id[j][0] = s.seq
-            i += n
-            if s.sample:
-                self._logits[i - 1] = 1
-        self.batch.n_tokens = i
+        """Fill the batch from ``slices`` with whole-array writes (a step of 256 sequences is
+        256 slices: per-slice numpy calls would cost milliseconds of every step), then decode."""
+        lengths = np.fromiter((len(s.tokens) for s in slices), np.int64, len(slices))
+        ends = np.cumsum(lengths)
+        n = int(ends[-1]) if len(slices) else 0
+        if n == len(slices):  # decode steps: one token per sequence
+            self._tokens[:n] = [s.tokens[0] for s in slices]
+            self._pos[:n] = [s.start_pos for s in slices]
+            self._seq[:n] = [s.seq for s in slices]
+        else:
+            self._tokens[:n] = list(itertools.chain.from_iterable(s.tokens for s in slices))
+            starts = np.fromiter((s.start_pos for s in slices), np.int64, len(slices))
+            # position of token j of slice k: starts[k] + j, with j = its index - the slice's
+            # first index
+            self._pos[:n] = np.arange(n) + np.repeat(starts - (ends - lengths), lengths)
+            self._seq[:n] = np.repeat([s.seq for s in slices], lengths)
+        self._logits[:n] = 0
+        sampled = np.fromiter((s.sample for s in slices), np.bool_, len(slices))
+        self._logits[ends[sampled & (lengths > 0)] - 1] = 1
+        self.batch.n_tokens = n
         return int(llama_cpp.llama_decode(self.ctx, self.batch))
 
     def _sample(

@@ -181,10 +181,12 @@ class SloPolicy(Policy):
     def begin_cycle(self, running: Collection[Choice], now: float) -> None:
         self._now, self._running = now, running
         aging = self.config.batch_aging_s
-        for r in list(self.queue.classes[SloClass.BATCH]):
+        batch = self.queue.classes[SloClass.BATCH]
+        for r in list(batch):
             since = r.preempted_at[-1] if r.preempted_at else r.arrival
             if now - since >= aging:
                 self.queue.promote(r)
+        self.admission.drain.note(now, len(batch) + len(self.queue.promoted) > 0)
 
     def limits(self, running: Collection[Choice], base: StepLimits) -> StepLimits:
         present = self._interactive_present(running)
@@ -299,6 +301,10 @@ class SloPolicy(Policy):
         seconds = result.timings.total_s or result.timings.engine_s
         n_tokens = sum(len(s.tokens) for s in plan.slices)
         self.cost.observe(len(plan.slices), n_tokens, seconds)
+        if self.admission.drain.backlogged:
+            batch = {r.owner for r in self._running if r.slo_class is SloClass.BATCH}
+            n_batch = sum(len(s.tokens) for s in plan.slices if s.owner in batch)
+            self.admission.drain.served(self._now + seconds, n_batch)
 
     def tenant_stats(self, running: Collection[Choice]) -> tuple[TenantStats, ...]:
         out: list[TenantStats] = []

@@ -15,7 +15,10 @@ A new request passes three checks, in this order:
      share in only into capacity the others are not claiming.
    - Batch: its completion within ``batch_deadline_s``, playing the running and queued
      requests ahead of it (promoted batch, interactive, its tenant's queue and, VTC taking
-     turns, as many plus one of each other tenant's) onto the running slots.
+     turns, as many plus one of each other tenant's) onto the running slots, and never
+     sooner than the batch work among them and its own take at the rate a standing batch
+     backlog has been served (``drain``: interactive overtaking batch slows it below the
+     projection).
    Missed: rejected; 429 if its tenant is over its fair share, else 503 (the machine as a
    whole cannot meet the target). A request that misses its target even on an idle machine
    is served best effort (no queue is in its way, no retry would help; no promise).
@@ -45,6 +48,7 @@ from quanta_core.scheduler.choice import Choice
 from quanta_core.scheduler.config import StepLimits
 from quanta_core.scheduler.policies.bookings import Bookings
 from quanta_core.scheduler.policies.class_queue import ClassQueue
+from quanta_core.scheduler.policies.drain import BacklogDrain
 from quanta_core.scheduler.policies.promises import Job, late, next_up, project
 from quanta_core.scheduler.policies.slo_estimates import SloEstimates, prefill_left
 from quanta_core.scheduler.policies.vtc import VirtualCounters
@@ -85,6 +89,7 @@ class SloAdmission:
         self.ttft_grace_s = 0.0
         # A refused interactive request's retry keeps its place (``bookings``); None: off.
         self.bookings: Bookings | None = None
+        self.drain = BacklogDrain()  # batch's measured service rate (the policy feeds it)
 
     # ---- the decision ----
 
@@ -173,7 +178,15 @@ class SloAdmission:
         self, x: Choice, running: Collection[Choice], caps: StepLimits
     ) -> AdmissionVerdict | None:
         target = self.config.batch_deadline_s
-        est = self.estimate(x, running, self._ahead(x), caps)
+        ahead = self._ahead(x)
+        est = self.estimate(x, running, ahead, caps)
+        # Never sooner than batch's standing backlog has really been served: the batch work
+        # running and ahead of it, and its own.
+        work = [r for r in (*running, *ahead) if r.slo_class is SloClass.BATCH]
+        tokens = sum(prefill_left(r) + 1 + self.est.outputs_left(r) for r in [*work, x])
+        drained = self.drain.seconds_for(tokens, x.arrival)
+        if drained is not None:
+            est = max(est, drained)
         if est <= target or self.estimate(x, (), [], caps) > target:
             self.last_estimate = self.first_token_s
             return None
