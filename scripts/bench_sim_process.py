@@ -98,7 +98,8 @@ def main() -> None:
             "load_avg_1min_runs": [round(r["load_avg_1min"], 2) for r in done],
             "wall_s": round(min(r["wall_s"] for r in done), 2),
             "cpu_s": round(min(r["cpu_s"] for r in done), 2),
-            "met": min(r["cpu_s"] for r in done) < TARGET_S,
+            "met": min(r["cpu_s"] for r in done) < TARGET_S,  # by CPU: the steadier figure
+            "met_wall": min(r["wall_s"] for r in done) < TARGET_S,
             "served": last["served"],
             "steps": last["steps"],
             "bulk_steps": last.get("bulk_steps", 0),
