@@ -11,8 +11,14 @@ import pytest
 from app.server.settings import Settings
 from quanta_core.engine.fake import FakeExecutor
 from quanta_core.engine.types import Stash
-from quanta_core.requests import FinishReason, RejectionKind, SloClass, TokenEvent
-from quanta_core.scheduler import SloConfig, make_policy
+from quanta_core.requests import (
+    FinishReason,
+    GenerationRequest,
+    RejectionKind,
+    SloClass,
+    TokenEvent,
+)
+from quanta_core.scheduler import AdmissionDecision, SloConfig, make_policy
 from quanta_core.scheduler.policies.quanta import QuantaPolicy
 from quanta_core.scheduler.step_cost import StepCostModel
 from tests.scheduler_harness import Harness, expected_tokens, prompt
@@ -291,10 +297,16 @@ def test_a_step_cost_above_every_target_still_runs_an_empty_engine(policy: str) 
     assert isinstance(cost, StepCostModel)
     for _ in range(5):
         cost.observe(1, 1, 5.0)  # 5 s for one decode: every estimate is over the target
+    admitted = set()
     for k in range(3):
-        h.submit(f"i{k}", prompt(8, base=100 + 10 * k), max_tokens=4, slo_class=INTER)
+        req = GenerationRequest(f"i{k}", prompt(8, base=100 + 10 * k), 4, slo_class=INTER)
+        if h.sched.submit(req).decision is not AdmissionDecision.REJECT:
+            admitted.add(req.request_id)
+        h.events.extend(h.sched.drain_events())
     h.run()
-    assert {r.finish_reason for r in h.results().values()} == {FinishReason.LENGTH}
+    assert "i0" in admitted  # alone, it is held to its own time plus the target
+    served = {rid for (rid, _), r in h.results().items() if r.finish_reason is FinishReason.LENGTH}
+    assert served == admitted  # nobody admitted is left waiting
 
 
 def test_every_running_stream_gets_its_token_when_the_set_outgrew_the_itl_size() -> None:

@@ -339,3 +339,16 @@ def test_batch_behind_a_backlog_served_slower_than_projected_is_refused() -> Non
     assert (late.decision, late.rejection) == (REJECT, RejectionKind.OVERLOADED)
     assert late.reason is not None and "batch target" in late.reason
     assert late.retry_after_s is not None and late.retry_after_s > 0
+
+
+def test_a_prompt_over_the_target_alone_waits_no_longer_than_the_target() -> None:
+    """Its own prefill cannot be waited out, a queue can: on an idle machine it is admitted;
+    behind a prefill that would delay it past the target, refused with a retry-after."""
+    config = SloConfig(interactive_ttft_s=0.05)  # under any prompt's prefill alone
+    idle = Harness.make(policy="slo", max_running=4, slo=config)
+    assert submit(idle, "long", n=400).decision is START
+    busy = Harness.make(policy="slo", max_running=4, slo=config)
+    assert submit(busy, "first", n=400).decision is START
+    v = submit(busy, "long", n=400)
+    assert (v.decision, v.rejection) == (REJECT, RejectionKind.OVERLOADED)
+    assert v.retry_after_s is not None and v.retry_after_s > 0

@@ -20,8 +20,10 @@ A new request passes three checks, in this order:
      backlog has been served (``drain``: interactive overtaking batch slows it below the
      projection).
    Missed: rejected; 429 if its tenant is over its fair share, else 503 (the machine as a
-   whole cannot meet the target). A request that misses its target even on an idle machine
-   is served best effort (no queue is in its way, no retry would help; no promise).
+   whole cannot meet the target). A request whose prompt alone takes longer than the target
+   (on an idle machine) is held to that time plus the target instead: a retry cannot make
+   its own prefill shorter, but it can wait out a queue, so it is admitted only if the work
+   ahead delays it by no more than the target, and it queues no longer than anyone else.
 3. The shared bound of all queues. Full: a batch arrival is rejected (503); an interactive one
    sheds queued batch requests, newest first, that never ran, were never preempted and were
    not promoted by aging, until it fits (else 503).
@@ -130,10 +132,11 @@ class SloAdmission:
     def _interactive_target(
         self, x: Choice, running: Collection[Choice], caps: StepLimits, base: StepLimits
     ) -> AdmissionVerdict | float | None:
-        """A rejection, or the promise to make (its due time; None: best effort)."""
+        """A rejection, or the promise to make (its due time)."""
         now, target = x.arrival, self.config.interactive_ttft_s
-        if self.est.alone_prefill_s(x, base.token_budget) > target:
-            return None
+        alone = self.est.alone_prefill_s(x, base.token_budget)
+        if alone > target:
+            target += alone  # its own prefill cannot be waited out; the queue can
         over = self.over_share(x, running)
         queued = self._projected_queue()
         slots, decode_s, streams = self.est.view(
@@ -143,8 +146,10 @@ class SloAdmission:
         def job(r: Choice, due: float | None) -> Job:
             return self.est.job(r, due, decode_s, streams, base.token_budget)
 
-        # Every promise is due before x's would be (same target, earlier arrival): x goes
-        # after them all, so admitting it can delay none of them.
+        # x is projected after every queued promise. With the same target and a later
+        # arrival it is the last due, so admitting it delays none of them; a long prompt's
+        # later due only makes this projection conservative for those who arrive after it
+        # (at run time the earliest due goes first once a promise's slack is gone).
         ordered = [job(r, self.promises.get(r)) for r in queued if r not in self._unpromised()]
         own = self.bookings.claim(x) if self.bookings is not None else None
         if self.bookings is not None:
@@ -169,7 +174,7 @@ class SloAdmission:
             self.bookings.book(x, now + retry)
         return AdmissionVerdict.reject(
             f"expected first token in {est:.1f} s, over the interactive target of "
-            f"{target:g} s{why}",
+            f"{target:.3g} s{why}",
             kind,
             retry,
         )
