@@ -2,6 +2,7 @@
 the Azure conversation trace at its recorded lengths and rate (target: under 10 s).
 
     python -m scripts.bench_sim_process [--requests N] [--repeat K] [--policies default,fcfs]
+        [--fresh-bytecode]
 
 Times the process from the outside (start-up, the trace, the simulation, the figures and the
 results file all count): wall seconds and the CPU seconds it used (on a machine others load,
@@ -9,6 +10,11 @@ the CPU time is the steadier figure). ``default`` is the command as a user types
 server's default policy); each other policy is the same command with ``--policy``. The
 commands run in turns (default, fcfs, default, fcfs, ...) so that the machine's load falls
 on each alike. Writes ``bench/results/sim/trace_full.json``.
+
+The processes may write Python's bytecode cache, as an installed ``quanta`` does (a
+``PYTHONDONTWRITEBYTECODE`` in the environment is dropped for them, and one ``quanta sim
+--help`` compiles the modules first); ``--fresh-bytecode`` keeps the environment as it is
+(with that variable set, every process compiles the project's modules again).
 """
 
 from __future__ import annotations
@@ -32,7 +38,14 @@ OUT = ROOT / "bench/results/sim/trace_full.json"
 TARGET_S = 10.0
 
 
-def one_run(requests: int, policy: str | None) -> dict[str, Any]:
+def child_env(fresh_bytecode: bool) -> dict[str, str]:
+    env = dict(os.environ)
+    if not fresh_bytecode:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
+
+
+def one_run(requests: int, policy: str | None, env: dict[str, str]) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, "-m", "app.cli", "sim", "--trace", str(TRACE)]
         cmd += ["--requests", str(requests), "--out", f"{tmp}/sim.json"]
@@ -40,7 +53,7 @@ def one_run(requests: int, policy: str | None) -> dict[str, Any]:
             cmd += ["--policy", policy]
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter()
-        subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+        subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL, env=env)
         wall = time.perf_counter() - t0
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         result = json.loads(Path(f"{tmp}/sim.json").read_text())
@@ -61,12 +74,20 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=10_000)
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--policies", default="default,fcfs", help="comma-separated")
+    parser.add_argument(
+        "--fresh-bytecode", action="store_true", help="no bytecode cache: compile every time"
+    )
     args = parser.parse_args()
     names = [p.strip() for p in args.policies.split(",") if p.strip()]
+    env = child_env(args.fresh_bytecode)
+    if not args.fresh_bytecode:
+        warm = [sys.executable, "-m", "app.cli", "sim", "--help"]
+        subprocess.run(warm, check=True, cwd=ROOT, stdout=subprocess.DEVNULL, env=env)
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     for _ in range(args.repeat):
         for name in names:
-            runs[name].append(one_run(args.requests, None if name == "default" else name))
+            policy = None if name == "default" else name
+            runs[name].append(one_run(args.requests, policy, env))
     commands: dict[str, Any] = {}
     for name, done in runs.items():
         last = done[-1]
@@ -77,14 +98,21 @@ def main() -> None:
             "load_avg_1min_runs": [round(r["load_avg_1min"], 2) for r in done],
             "wall_s": round(min(r["wall_s"] for r in done), 2),
             "cpu_s": round(min(r["cpu_s"] for r in done), 2),
-            "met": min(r["cpu_s"] for r in done) < TARGET_S,
+            "met": min(r["cpu_s"] for r in done) < TARGET_S,  # by CPU: the steadier figure
+            "met_wall": min(r["wall_s"] for r in done) < TARGET_S,
             "served": last["served"],
             "steps": last["steps"],
             "bulk_steps": last.get("bulk_steps", 0),
+            "bulk_evictions": last.get("bulk_evictions", 0),
             "preemptions": last["preemptions"],
             "virtual_s": round(last["virtual_s"], 1),
         }
-    figures = {"requests": args.requests, "target_s": TARGET_S, "commands": commands}
+    figures = {
+        "requests": args.requests,
+        "target_s": TARGET_S,
+        "bytecode_cache": not args.fresh_bytecode,
+        "commands": commands,
+    }
     print(json.dumps(figures, indent=2))
     write_results(OUT, {"environment": environment(workload=TRACE.name), "figures": figures})
 

@@ -77,6 +77,17 @@ def _long_prompts() -> WorkloadSpec:
     return WorkloadSpec(name="long", tenants=tenants, requests=40, rate=1.5, seed=3)
 
 
+def _long_shared_prefix() -> WorkloadSpec:
+    """A 400-token prefix both tenants share, prefilled in chunks in a pool of 40 blocks: a
+    chunk's full block may carry the hash of a cached block that a later step of the same run
+    evicts (one by one the cache still held it when the chunk's block was hashed)."""
+    tenants = tuple(
+        TenantSpec(name=name, prompt=_uniform(420, 700), output=_uniform(5, 80), prefix_tokens=400)
+        for name in ("a", "b")
+    )
+    return WorkloadSpec(name="shared", tenants=tenants, requests=40, rate=2.0, seed=11)
+
+
 def _run(spec: WorkloadSpec, config: SchedulerConfig, bulk: bool) -> SimOutcome:
     engine = sim_engine_info(n_ctx=2048, n_seq_max=16, n_batch=512)
     server = ServerCost(per_cycle_s=0.0007, per_token_s=0.0001)
@@ -88,8 +99,8 @@ def _same(spec: WorkloadSpec, config: SchedulerConfig) -> tuple[SimOutcome, SimO
     assert one_by_one.bulk_steps == 0
     assert bulk.records == one_by_one.records
     assert bulk.tenants == one_by_one.tenants  # the fair counters, to the last bit
-    counts = {**bulk.counts(), "wall_s": None, "bulk_steps": None}
-    assert counts == {**one_by_one.counts(), "wall_s": None, "bulk_steps": None}
+    ignore = {"wall_s": None, "bulk_steps": None, "bulk_evictions": None}
+    assert {**bulk.counts(), **ignore} == {**one_by_one.counts(), **ignore}
     return bulk, one_by_one
 
 
@@ -114,6 +125,7 @@ def test_a_kv_bound_burst_is_the_same_in_bulk(policy: PolicyName, blocks: int) -
     assert any(r.ok and r.n_output > 0 for r in bulk.records)
     if policy is PolicyName.FCFS and blocks == 40:
         assert bulk.preemptions > 0  # memory pressure was exercised
+        assert bulk.bulk_evictions > 0  # runs whose steps evict cached blocks, too
     if policy in (PolicyName.FCFS, PolicyName.VTC):
         assert bulk.bulk_steps > bulk.steps // 2  # and most steps were taken in runs
     if policy in (PolicyName.SEQUENTIAL, PolicyName.STATIC):
@@ -143,6 +155,22 @@ def test_prompts_prefilled_in_chunks_are_the_same_in_bulk(policy: PolicyName, bl
     bulk, _ = _same(_long_prompts(), config)
     if policy in (PolicyName.FCFS, PolicyName.VTC):
         assert bulk.bulk_steps > bulk.steps // 5
+
+
+@pytest.mark.parametrize("policy", [PolicyName.FCFS, PolicyName.VTC])
+@pytest.mark.parametrize("budget", [32, 48])
+def test_runs_that_evict_beside_a_shared_prompt_are_the_same_in_bulk(
+    policy: PolicyName, budget: int
+) -> None:
+    config = SchedulerConfig(
+        policy=policy,
+        num_kv_blocks=40,
+        token_budget=budget,
+        prefix_cache_tokens=4096,
+        check_integrity=True,
+    )
+    bulk, _ = _same(_long_shared_prefix(), config)
+    assert bulk.bulk_evictions > 0
 
 
 def test_recompute_only_preemptions_are_the_same_in_bulk() -> None:

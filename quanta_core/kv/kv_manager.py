@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
 from quanta_core.engine.types import CopyPrefix, DropStash, KvOp, Restore, Stash, Truncate
 from quanta_core.kv.block_pool import Block, BlockPool, BlockState, KvIntegrityError
-from quanta_core.kv.prefix_cache import ROOT_HASH, PrefixCache, block_key
+from quanta_core.kv.prefix_cache import ROOT_HASH, PrefixCache
 
 
 class SeqRole(Enum):
@@ -101,6 +101,8 @@ class KvManager:
         self.num_blocks = num_blocks
         self.cache = PrefixCache(block_size)
         self._ops: list[KvOp] = []
+        # While set, the hash of every cache entry a release drops (a steady run's evictions).
+        self.forget_log: list[int] | None = None
         self._empty()
 
     def _empty(self) -> None:
@@ -232,7 +234,11 @@ class KvManager:
         return shared, hashes, src, n_copy, from_cache, num_new, need, pinned
 
     def start_stays_blocked(
-        self, tokens: Sequence[int], budget: int, copy_from: tuple[int, int] | None = None
+        self,
+        tokens: Sequence[int],
+        budget: int,
+        copy_from: tuple[int, int] | None = None,
+        evict: bool = False,
     ) -> bool:
         """Whether ``allocate`` fails now for want of blocks and goes on failing while the
         active sequences only grow from free blocks (nothing freed, evicted or started).
@@ -241,12 +247,18 @@ class KvManager:
         the cache deepens (a deeper hit shares blocks instead of reserving them): that takes
         an active sequence that holds the hit's chain (or a start of it) and hashes its next
         blocks. If one could, the answer is ``False`` (not known to stay), as it is when the
-        start fails for another reason or might succeed."""
+        start fails for another reason or might succeed.
+
+        ``evict``: also while that growth evicts cached blocks. An eviction may cut the hit
+        short and unpin its blocks, but a shorter hit never needs fewer blocks (the need is
+        min(the prompt's blocks - the hit's, the budget's blocks)) and every block grown
+        takes one from free plus cached: it stays if the need is above free plus cached,
+        pinned or not."""
         sizing = self._size_start(tokens, budget, copy_from)
         if sizing is None:
             return False
         _, hashes, _, _, _, _, need, pinned = sizing
-        if need <= self.num_free_blocks - pinned:
+        if need <= self.num_free_blocks - (0 if evict else pinned):
             return False
         if copy_from is not None or not self.enable_prefix_cache:
             return True  # a sibling's prompt is a fixed prefix; no cache, no hit
@@ -268,10 +280,14 @@ class KvManager:
     def num_blocks_of(self, seq: int) -> int:
         return len(self._seqs[seq].table)
 
-    def steps_from_free(self, seqs: Sequence[tuple[int, int, int]], limit: int) -> int:
+    def steps_from_free(
+        self, seqs: Sequence[tuple[int, int, int]], limit: int, evict: bool = False
+    ) -> int:
         """The most steps (up to ``limit``) in which each ``(seq, computed, per_step)`` grows
         ``per_step`` tokens a step with the blocks it lacks all taken from free ones (no
-        cached block evicted)."""
+        cached block evicted); ``evict``: from free ones and then cached ones, evicted as
+        ``grow`` does (each eviction frees the block and its holders' deeper ones, all
+        cached: every block grown takes one from free plus cached, and no more)."""
         bs = self.block_size
         needs: list[int] = []  # the step that needs each new block, one entry per block
         for seq, computed, n in seqs:
@@ -284,7 +300,7 @@ class KvManager:
                 while end > reserved:
                     needs.append(j)
                     reserved += bs
-        free = self.pool.num_free
+        free = self.pool.num_free + (self.pool.num_cached if evict else 0)
         if len(needs) <= free:
             return limit
         needs.sort()
@@ -340,21 +356,39 @@ class KvManager:
         self._reserve(st, num_tokens)
         return True
 
-    def commit(self, seq: int, tokens: Sequence[int], num_computed: int) -> None:
-        """``seq`` now holds ``tokens[:num_computed]``: hash (and cache) its new full blocks."""
+    def commit(
+        self,
+        seq: int,
+        tokens: Sequence[int],
+        num_computed: int,
+        evicted_after: Mapping[int, int] | None = None,
+        step: int = 0,
+    ) -> None:
+        """``seq`` now holds ``tokens[:num_computed]``: hash (and cache) its new full blocks.
+
+        ``evicted_after`` (a steady run's hashes, taken after its grows): the step at which
+        each cache entry was evicted; one evicted after ``step`` still held its hash then,
+        so the new block does not become the entry, as one by one."""
         if not self.enable_prefix_cache:
             return
         st = self._seqs[seq]
         bs = self.block_size
         if num_computed // bs <= len(st.hashes):
             return  # no block filled up
-        hashes, table, register = st.hashes, st.table, self.cache.register
+        hashes, table, entries = st.hashes, st.table, self.cache.entries
         parent = hashes[-1] if hashes else ROOT_HASH
         for i in range(len(hashes), num_computed // bs):
-            key = block_key(parent, tokens[i * bs : (i + 1) * bs])
+            key = (parent, tuple(tokens[i * bs : (i + 1) * bs]))  # ``block_key``, inline
             parent = hash(key)
             hashes.append(parent)
-            register(table[i], parent, key)
+            # ``self.cache.register(block, parent, key)``, inline: every full block passes here.
+            block = table[i]
+            if evicted_after is not None and evicted_after.get(parent, 0) > step:
+                continue
+            if block.hash is None and parent not in entries:
+                block.hash = parent
+                block.key = key
+                entries[parent] = block
 
     def free(self, seq: int, num_computed: int, keep_cache: bool = True) -> None:
         """A running sequence is done: keep its hashed full blocks as a cache holder, or drop it."""
@@ -412,10 +446,12 @@ class KvManager:
 
     def _reserve(self, st: SeqTable, num_tokens: int) -> None:
         pool, seq, table = self.pool, st.seq, st.table
-        for depth in range(len(table), cdiv(num_tokens, self.block_size)):
-            if not pool.free:
+        free, blocks = pool.free, pool.blocks
+        for depth in range(len(table), -(-num_tokens // self.block_size)):
+            if not free:
                 self._evict_oldest_cached()
-            block = pool.take_free(depth)
+            block = blocks[free.popleft()]  # ``pool.take_free(depth)``, inline
+            block.depth = depth
             # ``_hold(block, seq, active=True)`` of a free block (nobody holds it: not cached),
             # inline: a long prompt reserves dozens of blocks at once.
             block.seqs.add(seq)
@@ -449,8 +485,25 @@ class KvManager:
     def _truncate_holder(self, seq: int, n_blocks: int) -> None:
         st = self._seqs[seq]
         self._truncate_op(seq, n_blocks * self.block_size)
+        entries, lru, free, log = self.cache.entries, self.pool.lru, self.pool.free, self.forget_log
         for b in reversed(st.table[n_blocks:]):
-            self._let_go(b, seq, active=False)
+            # Let go of ``b`` as a holder, and ``_release_block(b)`` if nobody holds it now,
+            # inline: a reclaimed holder lets go of every block at once.
+            seqs = b.seqs
+            if seq not in seqs:
+                raise KvIntegrityError(f"sequence {seq} lets go of block {b.block_id} twice")
+            seqs.remove(seq)
+            if not seqs:
+                h = b.hash
+                if h is not None:
+                    del entries[h]
+                    if log is not None:
+                        log.append(h)
+                    b.hash = None
+                b.key = None
+                b.n_active = 0
+                lru.pop(b.block_id, None)
+                free.append(b.block_id)
         del st.table[n_blocks:]
         del st.hashes[n_blocks:]
         st.num_tokens = min(st.num_tokens, n_blocks * self.block_size)
@@ -489,9 +542,10 @@ class KvManager:
                 self.pool.unmark_cached(block)
 
     def _let_go_active(self, blocks: Iterable[Block], seq: int) -> None:
-        """``_let_go(b, seq, active=True)`` of each of ``blocks`` in turn, inline: a finished
-        or preempted sequence lets go of all its blocks at once."""
-        pool, cache = self.pool, self.cache
+        """``seq``, running, lets go of each of ``blocks`` in turn (a finished or preempted
+        sequence lets go of all its blocks at once): a block nobody holds any more is free, one
+        only holders hold is cached."""
+        release, lru = self._release_block, self.pool.lru
         for b in blocks:
             seqs = b.seqs
             if seq not in seqs:
@@ -499,22 +553,23 @@ class KvManager:
             seqs.remove(seq)
             b.n_active -= 1
             if not seqs:
-                cache.forget(b)
-                pool.release(b)
+                release(b)
             elif not b.n_active:
-                pool.mark_cached(b)
+                lru[b.block_id] = None  # ``pool.mark_cached(b)``, inline
 
-    def _let_go(self, block: Block, seq: int, active: bool) -> None:
-        if seq not in block.seqs:
-            raise KvIntegrityError(f"sequence {seq} lets go of block {block.block_id} twice")
-        block.seqs.remove(seq)
-        if active:
-            block.n_active -= 1
-        if not block.seqs:
-            self.cache.forget(block)
-            self.pool.release(block)
-        elif active and not block.n_active:
-            self.pool.mark_cached(block)
+    def _release_block(self, b: Block) -> None:
+        """The last sequence let go of ``b``: ``cache.forget(b)`` then ``pool.release(b)``,
+        inline (a block is released per block ever reserved)."""
+        if b.hash is not None:
+            del self.cache.entries[b.hash]
+            if self.forget_log is not None:
+                self.forget_log.append(b.hash)
+            b.hash = None
+        b.key = None
+        b.n_active = 0
+        pool = self.pool
+        pool.lru.pop(b.block_id, None)
+        pool.free.append(b.block_id)
 
     # ---- integrity ----
 

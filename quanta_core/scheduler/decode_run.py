@@ -11,18 +11,24 @@ next event and hands the sampled tokens and the steps' end times to
 would have:
 
     cycle j (one by one)     schedule: grow each sequence, in slice order (new blocks at a
-                             block boundary, from the free ones)
+                             block boundary, from the free ones, else by evicting cached
+                             ones: Truncate ops the engine runs after the step is priced)
                              update:   hash each full block, in slice order; one token each
                              decoding request, the chunk charged to the prompt's tenant
     in bulk                  all the grows in (step, slice) order, then all the hashes in
                              (step, slice) order: grows touch the pool, hashes the cache, and
                              a block is always grown before it is hashed in both orders; the
                              policy's charges in (step, slice) order (``on_steady_steps``)
+    in bulk, evicting        the grows step by step, each step's truncations run in the
+                             engine before the next step is priced (``RunGrowth``); then the
+                             hashes, skipping a hash an entry evicted later still held
 
 What makes a step differ from the one before, and so ends a run (it is then taken one by one):
 a request's last token (it finishes), a prompt's last chunk (it samples, and leaves budget to
-admit with), a block boundary with no free block left (a cached block would be evicted: a KV
-op), a waiting request that might start, a policy whose answers move with each step
+admit with), a block boundary with neither a free nor a cached block left (a preemption), a
+block boundary that evicts while a waiting request is short of blocks by less than the free
+and cached ones (an eviction could shorten its prefix hit and let it start), a waiting request
+that might start, a policy whose answers move with each step
 (``Policy.steady_decodes``), and any event from outside.
 """
 
@@ -31,6 +37,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from quanta_core.engine.types import KvOp
 from quanta_core.kv.kv_manager import KvManager
 from quanta_core.scheduler.choice import Choice
 
@@ -48,15 +55,21 @@ class DecodeRun:
     owners: tuple[str, ...]
     steps: int
     chunk: int = 1
+    # Of ``steps``, how many take their new blocks from free ones only; in the later ones a
+    # block boundary evicts a cached block (``RunGrowth``: the simulator takes them step by
+    # step on the KV side, as the engine's idle cells change with each eviction).
+    free_steps: int | None = None  # None: all of them
 
     def per_step(self, i: int) -> int:
         """Tokens slice ``i`` computes a step."""
         return self.chunk if i == len(self.seqs) - 1 else 1
 
 
-def grow_and_hash(kv: KvManager, run: DecodeRun, steps: int) -> None:
-    """The KV side of ``steps`` steps of ``run``, in the order the cycles would have done it
-    (the choices' tokens already hold what the steps sampled)."""
+def block_events(
+    kv: KvManager, run: DecodeRun, steps: int
+) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """The (step, slice) pairs, in that order, whose slice needs a new block in that step
+    (grows) and after which one of its blocks is full (hashes), over ``steps`` steps."""
     bs = kv.block_size
     grows: list[tuple[int, int]] = []  # (step, slice): a step whose slice needs new blocks
     hashes: list[tuple[int, int]] = []  # (step, slice): a step after which a block is full
@@ -80,14 +93,78 @@ def grow_and_hash(kv: KvManager, run: DecodeRun, steps: int) -> None:
                 reserved = -(-end // bs) * bs
             if end // bs > (end - n) // bs:
                 hashes.append((j, i))
+    grows.sort()
+    hashes.sort()
+    return grows, hashes
+
+
+def grow_and_hash(kv: KvManager, run: DecodeRun, steps: int) -> None:
+    """The KV side of ``steps`` steps of ``run`` whose blocks come from free ones, in the
+    order the cycles would have done it (the choices' tokens already hold what the steps
+    sampled)."""
+    grows, hashes = block_events(kv, run, steps)
     seqs, starts, choices = run.seqs, run.starts, run.choices
-    for j, i in sorted(grows):
+    for j, i in grows:
         if not kv.grow(seqs[i], starts[i] + run.per_step(i) * j):
             raise RuntimeError(f"a steady run of sequence {seqs[i]} found no free block")
     for i, seq in enumerate(seqs):
         kv.grow(seq, starts[i] + run.per_step(i) * steps)  # within its blocks: the count alone
-    for j, i in sorted(hashes):
+    for j, i in hashes:
         kv.commit(seqs[i], choices[i].tokens, starts[i] + run.per_step(i) * j)
+
+
+class RunGrowth:
+    """The KV side of a run whose grows evict cached blocks, a step at a time: ``grow(j)``
+    makes step ``j``'s grows (in slice order, evicting as ``schedule`` would) and returns the
+    KV ops they queued, which the engine runs before step ``j + 1`` (its idle cells change
+    with them). The hashes wait for the sampled tokens (``finish``): an eviction only drops
+    cache entries and a hash only adds one to a running (never evicted) block, so taking the
+    hashes after the grows gives the same cache, provided a hash that an entry evicted after
+    its step still held is not taken by the new block (``KvManager.commit``'s
+    ``evicted_after``)."""
+
+    def __init__(self, kv: KvManager, run: DecodeRun) -> None:
+        self.kv, self.run = kv, run
+        self._grows, self._hashes = block_events(kv, run, run.steps)
+        self._next = 0  # the first grow not made yet
+        self._evicted_at: dict[int, int] = {}  # cache entry's hash -> the step that evicted it
+        self.steps = 0  # steps whose grows are made
+
+    def grow(self, j: int) -> list[KvOp]:
+        if j != self.steps + 1:
+            raise ValueError(f"step {j} of a run grown to step {self.steps}")
+        kv, run, grows = self.kv, self.run, self._grows
+        log: list[int] = []
+        kv.forget_log = log
+        try:
+            k = self._next
+            while k < len(grows) and grows[k][0] == j:
+                i = grows[k][1]
+                if not kv.grow(run.seqs[i], run.starts[i] + run.per_step(i) * j):
+                    raise RuntimeError(f"a steady run of sequence {run.seqs[i]} found no block")
+                k += 1
+            self._next = k
+        finally:
+            kv.forget_log = None
+        for h in log:
+            self._evicted_at[h] = j
+        self.steps = j
+        return kv.drain_ops()
+
+    def finish(self, steps: int) -> None:
+        """The rest of the KV side of the run's first ``steps`` steps (all grown)."""
+        if steps != self.steps:
+            raise ValueError(f"{steps} steps of a run grown to step {self.steps}")
+        kv, run = self.kv, self.run
+        seqs, starts, choices = run.seqs, run.starts, run.choices
+        for i, seq in enumerate(seqs):
+            kv.grow(seq, starts[i] + run.per_step(i) * steps)  # within its blocks
+        evicted = self._evicted_at
+        for j, i in self._hashes:
+            if j > steps:
+                break
+            end = starts[i] + run.per_step(i) * j
+            kv.commit(seqs[i], choices[i].tokens, end, evicted, j)
 
 
 def take_tokens(

@@ -46,6 +46,7 @@ from quanta_core.scheduler.choice import Choice, ChoiceStatus
 from quanta_core.scheduler.config import SchedulerConfig, StepLimits
 from quanta_core.scheduler.decode_run import (
     DecodeRun,
+    RunGrowth,
     grow_and_hash,
     prefill_chunks,
     take_tokens,
@@ -468,12 +469,14 @@ class Scheduler:
 
     # ---- steps in bulk (the simulator) ----
 
-    def steady_decodes(self, limit: int) -> DecodeRun | None:
+    def steady_decodes(self, limit: int, evict: bool = False) -> DecodeRun | None:
         """The next cycles, if nothing comes from outside, while their plans are certain:
         every running request decodes one token a step in the same order, and one of them,
         last in that order, may be prefilled a chunk of what the budget leaves a step (not
         its last chunk); no KV op, nothing starts, finishes or is preempted
         (``decode_run``). At most ``limit`` steps; ``None`` when fewer than two are certain.
+        ``evict``: its later steps may evict cached blocks at block boundaries (the caller
+        takes those with ``RunGrowth``), unless that could let a waiting request start.
         Changes nothing."""
         running, policy = self._running, self.policy
         if self.token_events or self._cancels or self._release or not running:
@@ -513,29 +516,38 @@ class Scheduler:
                 return None
             todo = prefilling.num_tokens - prefilling.num_computed_tokens
             steps = min(steps, (todo - 1) // chunk)
-        elif policy.waiting and not self._nothing_starts(n, limits):
-            return None
+        elif policy.waiting:
+            holds = self._nothing_starts(n, limits)
+            if holds is None:
+                return None
+            evict = evict and holds
         if steps < 2:
             return None
         seqs = tuple(r.seq for r in order if r.seq is not None)
         starts = tuple(r.num_computed_tokens for r in order)
-        per_step = [1] * len(seqs)
-        per_step[-1] = chunk
-        steps = self.kv.steps_from_free(list(zip(seqs, starts, per_step, strict=True)), steps)
+        per_step = list(zip(seqs, starts, [1] * (n - 1) + [chunk], strict=True))
+        free_steps = self.kv.steps_from_free(per_step, steps)
+        if evict and free_steps < steps:
+            steps = self.kv.steps_from_free(per_step, steps, evict=True)
+        else:
+            steps = free_steps
         if steps < 2:
             return None
         sampled = order if chunk == 1 else order[:-1]
         owners = tuple(r.owner for r in sampled)
-        return DecodeRun(tuple(order), seqs, starts, owners, steps, chunk)
+        return DecodeRun(tuple(order), seqs, starts, owners, steps, chunk, free_steps)
 
-    def _nothing_starts(self, n_decoding: int, limits: StepLimits) -> bool:
+    def _nothing_starts(self, n_decoding: int, limits: StepLimits) -> bool | None:
         """Whether ``_start_waiting`` beside ``n_decoding`` decodes starts nobody, now and
-        while they only decode (the head's shortfall of blocks only grows)."""
+        while they only decode: ``None`` if not known; ``True`` if even when their growth
+        evicts cached blocks; ``False`` if only while it takes free ones (the head's
+        shortfall of blocks only grows then; an eviction may unpin its prefix hit's blocks:
+        ``KvManager.start_stays_blocked``)."""
         budget = limits.token_budget - n_decoding
         if budget <= 0 or len(self._running) >= limits.max_running:
             return True
         if self.kv.num_seqs_available <= 0:
-            return True
+            return True  # an eviction turns a holder's id free: the count stays
         r = self.policy.waiting.peek()
         if r is None:
             return True
@@ -547,10 +559,22 @@ class Scheduler:
         if decision is StartDecision.STOP:
             return True
         if decision is StartDecision.SKIP:
-            return False  # who comes after it is another question: not known to hold
+            return None  # who comes after it is another question: not known to hold
         if r.stash_key is not None:
-            return self.kv.restore_stays_blocked(r.tokens, r.stash_tokens, allowed)
-        return self.kv.start_stays_blocked(r.tokens, allowed, self._copy_from(r))
+            # A restore needs fresh blocks, and every block grown takes one, evicted or free.
+            return (
+                True if self.kv.restore_stays_blocked(r.tokens, r.stash_tokens, allowed) else None
+            )
+        copy_from = self._copy_from(r)
+        if self.kv.start_stays_blocked(r.tokens, allowed, copy_from, evict=True):
+            return True
+        if self.kv.start_stays_blocked(r.tokens, allowed, copy_from):
+            return False
+        return None
+
+    def run_growth(self, run: DecodeRun) -> RunGrowth:
+        """The KV side of ``run``, a step at a time (a run whose later steps evict)."""
+        return RunGrowth(self.kv, run)
 
     def run_decodes(
         self,
@@ -558,11 +582,13 @@ class Scheduler:
         steps: int,
         tokens: Sequence[Sequence[int]],
         ends: Sequence[float],
+        growth: RunGrowth | None = None,
     ) -> None:
         """Take in ``steps`` (at most ``run.steps``) steps of ``run`` at once, as ``schedule``
         and ``update`` one by one would have: ``tokens[i]`` are what ``run.choices[i]``
         sampled (the decoding ones), one a step, the steps ending at ``ends``. No token may
-        end a generation (the simulated engine never samples one)."""
+        end a generation (the simulated engine never samples one). ``growth``: the run's
+        grows already made, step by step (``run_growth``)."""
         if not 0 < steps <= run.steps or len(ends) != steps:
             raise ValueError(f"{steps} steps ({len(ends)} ends) of a run of {run.steps}")
         decoding = run.choices if run.chunk == 1 else run.choices[:-1]
@@ -575,7 +601,14 @@ class Scheduler:
         if run.chunk > 1:
             prefill = run.choices[-1]
             charges = prefill_chunks(prefill, run.chunk, steps)
-        grow_and_hash(self.kv, run, steps)
+        if growth is not None:
+            if growth.run is not run:
+                raise ValueError("the growth of another run")
+            growth.finish(steps)
+        elif run.free_steps is not None and steps > run.free_steps:
+            raise ValueError(f"{steps} steps of a run that evicts after {run.free_steps}")
+        else:
+            grow_and_hash(self.kv, run, steps)
         self.policy.on_steady_steps(decoding, steps, prefill, charges)
         if self.config.check_integrity:
             self.check_integrity()

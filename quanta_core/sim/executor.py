@@ -20,12 +20,13 @@ an end-of-generation token (workloads fix output lengths with ``max_tokens``).
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Sequence
 
 from quanta_core.engine.errors import EngineInputError
 from quanta_core.engine.kv_mirror import KvMirror
 from quanta_core.engine.types import (
     EngineInfo,
+    KvOp,
     MemoryStats,
     SeqMemory,
     SeqOutput,
@@ -34,6 +35,7 @@ from quanta_core.engine.types import (
     StepPlan,
     StepResult,
     StepTimings,
+    Truncate,
 )
 from quanta_core.sim.cost_model import CostModel, features_of, steady_features
 
@@ -92,10 +94,12 @@ class SimExecutor:
     def decodes_in_bulk(self) -> bool:
         return self._speed is None
 
-    def decode_seconds(self, seqs: Sequence[int], chunk: int = 1) -> Iterator[float]:
+    def decode_seconds(self, seqs: Sequence[int], chunk: int = 1) -> Generator[float, int, None]:
         """The seconds of each next step in which every one of ``seqs`` decodes one token,
         the last one a prompt's ``chunk`` instead when it is above 1 (``step`` of those plans
-        would say the same), for as many steps as are asked."""
+        would say the same), for as many steps as are asked. ``send(cells)``: the other
+        sequences hold ``cells`` fewer from the next step on (``apply_ops`` of a step's
+        evictions); ``next``: as many as before."""
         lengths = self._mirror.lengths
         held = sum(lengths.get(seq, 0) for seq in seqs)
         idle = sum(lengths.values()) - held  # cells of the sequences outside the batch
@@ -104,7 +108,9 @@ class SimExecutor:
             n = len(seqs)
             while True:
                 held += n  # each slice's own attention: its start + 1 pairs, as its cells
-                yield predict(steady_features(n, 1, held, held, idle))
+                dropped = yield predict(steady_features(n, 1, held, held, idle))
+                if dropped:
+                    idle -= dropped
         n = len(seqs) - 1
         start = lengths.get(seqs[-1], 0)  # the prompt's
         decoded = held - start  # the decoding sequences' cells before the step
@@ -113,7 +119,21 @@ class SimExecutor:
             decoded += n
             pairs = decoded + chunk * start + tail  # attended_pairs(start, chunk)
             start += chunk
-            yield predict(steady_features(n, chunk, pairs, decoded + start, idle))
+            dropped = yield predict(steady_features(n, chunk, pairs, decoded + start, idle))
+            if dropped:
+                idle -= dropped
+
+    def apply_ops(self, ops: Sequence[KvOp]) -> int:
+        """Run a steady step's KV ops (its evictions: truncations of cache holders, outside
+        the batch) as ``step`` runs a plan's, after that step; the cells they freed."""
+        if not ops:
+            return 0
+        mirror = self._mirror
+        if any(type(op) is not Truncate for op in ops):
+            raise EngineInputError(f"a steady step's ops are truncations only, not {ops}")
+        before = sum(mirror.lengths.values())
+        mirror.adopt(mirror.after(StepPlan(kv_ops=tuple(ops), slices=(), release=())))
+        return before - sum(mirror.lengths.values())
 
     def decode(
         self,

@@ -22,7 +22,6 @@ else is due is taken in at once, not queued: the queue would hand it straight ba
 from __future__ import annotations
 
 from collections.abc import Callable
-from itertools import islice
 
 from quanta_core.clock import VirtualClock
 from quanta_core.engine.errors import EngineInputError
@@ -60,6 +59,7 @@ class SimLoop:
         self.queue = EventQueue()
         self.steps = 0  # engine passes that ran (plans with work)
         self.bulk_steps = 0  # of those, taken in steady decode runs
+        self.bulk_evictions = 0  # of those, steps whose grows evicted cached blocks
         self.busy_s = 0.0  # virtual seconds the engine was stepping
         self._engine_busy = False  # a step is in flight or a StepStart is queued
         self._bulk = (
@@ -139,20 +139,37 @@ class SimLoop:
         """The steady decode steps that end before the next event, taken at once; the time
         the last of them ends (``now`` if none)."""
         sched = self.scheduler
-        run = sched.steady_decodes(MAX_RUN_STEPS)
+        run = sched.steady_decodes(MAX_RUN_STEPS, evict=True)
         if run is None:
             return now
         server_s = self.server.decode_seconds(len(run.owners))
         due = self.queue.next_time()
         ends: list[float] = []
         busy = self.busy_s
-        for seconds in islice(executor.decode_seconds(run.seqs, run.chunk), run.steps):
+        # Steps past ``free_steps`` evict cached blocks: each step's grows are made once it
+        # is taken, and their truncations run before the next step is priced (one by one,
+        # a plan's ops run after the step they lead is priced, before the next).
+        growth = None
+        if run.free_steps is not None and run.free_steps < run.steps:
+            growth = sched.run_growth(run)
+        priced = executor.decode_seconds(run.seqs, run.chunk)
+        seconds = next(priced)
+        for j in range(1, run.steps + 1):
             end = now + seconds + server_s  # as a step one by one ends
             if end >= due:
                 break  # that step's end is queued behind what is due: it is taken alone
             ends.append(end)
             busy += seconds
             now = end
+            dropped = 0
+            if growth is not None:
+                ops = growth.grow(j)
+                if ops:
+                    self.bulk_evictions += 1
+                    dropped = executor.apply_ops(ops)
+            if j == run.steps:
+                break
+            seconds = priced.send(dropped)
         if not ends:
             return now
         tokens = executor.decode(run.seqs, run.starts, run.owners, len(ends), run.chunk)
@@ -160,7 +177,7 @@ class SimLoop:
         self.bulk_steps += len(ends)
         self.busy_s = busy
         self.clock.advance_to(now)
-        sched.run_decodes(run, len(ends), tokens, ends)
+        sched.run_decodes(run, len(ends), tokens, ends, growth)
         return now
 
     def _step_done(self, plan: StepPlan, result: StepResult, now: float) -> _Step | None:

@@ -58,6 +58,7 @@ class SimOutcome:
     wall_s: float  # real seconds the simulation took
     preemptions: int
     bulk_steps: int = 0  # of ``steps``, taken in steady decode runs (``SimLoop``)
+    bulk_evictions: int = 0  # steps of those runs whose grows evicted cached blocks
     tenants: tuple[TenantStats, ...] = ()  # the fair policies' counters at the end
 
     def counts(self) -> dict[str, Any]:
@@ -69,6 +70,7 @@ class SimOutcome:
             "wall_s": self.wall_s,
             "preemptions": self.preemptions,
             "bulk_steps": self.bulk_steps,
+            "bulk_evictions": self.bulk_evictions,
         }
 
 
@@ -143,6 +145,7 @@ def run_workload(
         wall_s=wall,
         preemptions=scheduler.num_preemptions,
         bulk_steps=loop.bulk_steps,
+        bulk_evictions=loop.bulk_evictions,
         tenants=scheduler.stats().tenants,
     )
 
