@@ -125,8 +125,15 @@ def build_result(
     }
 
 
+TIME_DECIMALS = 6  # token times to the microsecond: gaps here are milliseconds
+
+
 def write_result(result: dict[str, Any], path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
+    for row in result.get("requests", ()):
+        times = row.get("token_times")
+        if times:
+            row["token_times"] = [round(t, TIME_DECIMALS) for t in times]
     tmp = path.with_name(path.name + ".tmp")
     # msgspec: strict JSON (a NaN would be written as null) in C; json's indenting encoder is
     # pure Python, seconds for a run's half-million token times.
