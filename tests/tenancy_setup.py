@@ -7,18 +7,20 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import json
 import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
+from litestar.testing import AsyncTestClient
 
 from app.admin.schemas import KeyCreate, QuotaIn, TenantCreate
 from app.admin.service import AdminService
@@ -115,6 +117,32 @@ def fake_app(db: TenancyDb, driver: Any, **settings: Any) -> Any:
     from tests.fakes import fake_core
 
     return create_app(db.settings(**settings), core_factory=lambda _: fake_core(driver))
+
+
+@asynccontextmanager
+async def serving(db: TenancyDb, driver: Any = None, **settings: Any) -> AsyncIterator[Any]:
+    """An in-process client of ``fake_app`` (a fresh ``FakeDriver`` unless given), once ready."""
+    from tests.fakes import FakeDriver
+
+    async with AsyncTestClient(fake_app(db, driver or FakeDriver(), **settings)) as c:
+        for _ in range(200):
+            if (await c.get("/readyz")).status_code == 200:
+                break
+            await asyncio.sleep(0.01)
+        yield c
+
+
+async def streamed_usage(client: Any, body: dict[str, Any], key: str) -> dict[str, int]:
+    """Stream a chat completion (200 expected) and return its usage chunk."""
+    body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    usage: dict[str, int] | None = None
+    async with client.stream("POST", "/v1/chat/completions", json=body, headers=bearer(key)) as r:
+        assert r.status_code == 200
+        async for line in r.aiter_lines():
+            if line.startswith("data: {") and '"usage":{' in line:
+                usage = json.loads(line[6:])["usage"]
+    assert usage is not None
+    return usage
 
 
 def bearer(value: str) -> dict[str, str]:

@@ -8,18 +8,16 @@ API answers a clear 503; once the database is back the ledger is written. Past
 from __future__ import annotations
 
 import asyncio
-import json
 import sqlite3
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 from litestar import Litestar
 from litestar.testing import AsyncTestClient
 
-from tests.fakes import MODEL, FakeDriver
-from tests.tenancy_setup import ADMIN, TenancyDb, bearer, fake_app, fresh_db
+from tests.fakes import MODEL
+from tests.tenancy_setup import ADMIN, TenancyDb, bearer, fresh_db, serving, streamed_usage
 
 Client = AsyncTestClient[Litestar]
 BODY = {"model": MODEL, "messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 3}
@@ -42,15 +40,6 @@ def ledger_rows(db: TenancyDb) -> int:
     return int(n)
 
 
-async def serving(db: TenancyDb, **settings: Any) -> AsyncIterator[Client]:
-    async with AsyncTestClient(fake_app(db, FakeDriver(), **settings)) as c:
-        for _ in range(200):
-            if (await c.get("/readyz")).status_code == 200:
-                break
-            await asyncio.sleep(0.01)
-        yield c
-
-
 async def wait_for_rows(db: TenancyDb, n: int) -> None:
     for _ in range(400):
         if ledger_rows(db) >= n:
@@ -62,7 +51,7 @@ async def wait_for_rows(db: TenancyDb, n: int) -> None:
 async def test_known_keys_are_served_and_the_ledger_catches_up(tmp_path: Path) -> None:
     db = fresh_db(tmp_path)
     key = db.create_key("acme")
-    async for client in serving(db):
+    async with serving(db) as client:
         with locked(db):
             for _ in range(3):
                 r = await client.post("/v1/chat/completions", json=BODY, headers=bearer(key))
@@ -81,7 +70,7 @@ async def test_known_keys_are_served_and_the_ledger_catches_up(tmp_path: Path) -
 async def test_past_the_outage_bound_requests_get_a_clear_503(tmp_path: Path) -> None:
     db = fresh_db(tmp_path)
     key = db.create_key("acme")
-    async for client in serving(db, ledger_outage_s=0.1):
+    async with serving(db, ledger_outage_s=0.1) as client:
         with locked(db):
             r = await client.post("/v1/chat/completions", json=BODY, headers=bearer(key))
             assert r.status_code == 200  # its row waits in memory; the flush fails
@@ -119,19 +108,10 @@ async def test_streams_and_unknown_keys_while_locked(tmp_path: Path) -> None:
     db = fresh_db(tmp_path)
     key = db.create_key("acme")
     served = [0, 0, 0]
-    body = {**BODY, "stream": True, "stream_options": {"include_usage": True}}
-    async for client in serving(db):
+    async with serving(db) as client:
         with locked(db):
             for _ in range(3):
-                usage = None
-                async with client.stream(
-                    "POST", "/v1/chat/completions", json=body, headers=bearer(key)
-                ) as r:
-                    assert r.status_code == 200
-                    async for line in r.aiter_lines():
-                        if line.startswith("data: {") and '"usage":{' in line:
-                            usage = json.loads(line[6:])["usage"]
-                assert usage is not None
+                usage = await streamed_usage(client, BODY, key)
                 served[0] += 1
                 served[1] += usage["prompt_tokens"]
                 served[2] += usage["completion_tokens"]

@@ -7,11 +7,9 @@ exactly what was served. Skipped where PostgreSQL's server binaries cannot be ha
 from __future__ import annotations
 
 import asyncio
-import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 from litestar import Litestar
@@ -20,9 +18,16 @@ from sqlalchemy import text
 
 from app.db.engine import make_engine
 from app.db.migrate import upgrade
-from tests.fakes import MODEL, FakeDriver
+from tests.fakes import MODEL
 from tests.postgres_cluster import Cluster, new_cluster
-from tests.tenancy_setup import ADMIN, TenancyDb, bearer, fake_app, in_own_loop
+from tests.tenancy_setup import (
+    ADMIN,
+    TenancyDb,
+    bearer,
+    in_own_loop,
+    serving,
+    streamed_usage,
+)
 
 Client = AsyncTestClient[Litestar]
 BODY = {"model": MODEL, "messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 5}
@@ -47,15 +52,6 @@ def cluster() -> Iterator[Cluster]:
         yield made
     finally:
         made.remove()
-
-
-async def serving(db: TenancyDb, **settings: Any) -> AsyncIterator[Client]:
-    async with AsyncTestClient(fake_app(db, FakeDriver(), **settings)) as c:
-        for _ in range(200):
-            if (await c.get("/readyz")).status_code == 200:
-                break
-            await asyncio.sleep(0.01)
-        yield c
 
 
 async def ledger(url: str) -> tuple[int, int, int]:
@@ -104,21 +100,12 @@ async def test_postgresql_stopped_and_restarted_mid_run(tmp_path: Path, cluster:
         return r.status_code
 
     async def stream(client: Client) -> None:
-        body = {**BODY, "stream": True, "stream_options": {"include_usage": True}}
-        usage = None
-        async with client.stream(
-            "POST", "/v1/chat/completions", json=body, headers=bearer(key)
-        ) as r:
-            assert r.status_code == 200
-            async for line in r.aiter_lines():
-                if line.startswith("data: {") and '"usage":{' in line:
-                    usage = json.loads(line[6:])["usage"]
-        assert usage is not None
+        usage = await streamed_usage(client, BODY, key)
         served[0] += 1
         served[1] += usage["prompt_tokens"]
         served[2] += usage["completion_tokens"]
 
-    async for client in serving(db):
+    async with serving(db) as client:
         assert await chat(client) == 200
         await wait_for_ledger(cluster.url, 1)
         await asyncio.to_thread(cluster.stop)
@@ -153,7 +140,7 @@ async def test_past_the_outage_bound_postgresql_gets_a_clear_503(
 ) -> None:
     db = ClusterDb(tmp_path, cluster.url)
     key = db.create_key("acme")
-    async for client in serving(db, ledger_outage_s=0.2):
+    async with serving(db, ledger_outage_s=0.2) as client:
         await asyncio.to_thread(cluster.stop)
         r = await client.post("/v1/chat/completions", json=BODY, headers=bearer(key))
         assert r.status_code == 200  # its row waits in memory

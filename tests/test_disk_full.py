@@ -22,18 +22,17 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 from litestar import Litestar
 from litestar.testing import AsyncTestClient
 
-from tests.fakes import MODEL, FakeDriver
+from tests.fakes import MODEL
 from tests.server_process import ROOT, free_port
-from tests.tenancy_setup import ADMIN, TenancyDb, bearer, fake_app, fresh_db
+from tests.tenancy_setup import ADMIN, TenancyDb, bearer, fresh_db, serving
 
 Client = AsyncTestClient[Litestar]
 BODY = {"model": MODEL, "messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 5}
@@ -101,16 +100,6 @@ def fill(folder: Path) -> Path:
         except OSError as exc:
             assert exc.errno == errno.ENOSPC
     return filler
-
-
-@contextlib.asynccontextmanager
-async def serving(db: TenancyDb, **settings: Any) -> AsyncIterator[Client]:
-    async with AsyncTestClient(fake_app(db, FakeDriver(), **settings)) as c:
-        for _ in range(200):
-            if (await c.get("/readyz")).status_code == 200:
-                break
-            await asyncio.sleep(0.01)
-        yield c
 
 
 async def wait_until(what: Callable[[], bool]) -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -18,21 +17,11 @@ from litestar.testing import AsyncTestClient
 
 from quanta_core.scheduler import Refused
 from tests.fakes import MODEL, FakeDriver
-from tests.tenancy_setup import ADMIN, TenancyDb, bearer, fake_app, fresh_db, over_http
+from tests.tenancy_setup import ADMIN, TenancyDb, bearer, fake_app, fresh_db, over_http, serving
 
 Client = AsyncTestClient[Litestar]
 MSGS = [{"role": "user", "content": "Say hi"}]
 PROMPT = 16  # the fake byte tokenizer: "<user>Say hi\n<a>"
-
-
-@asynccontextmanager
-async def serving(db: TenancyDb, driver: FakeDriver | None = None) -> AsyncIterator[Client]:
-    async with AsyncTestClient(fake_app(db, driver or FakeDriver())) as c:
-        for _ in range(200):
-            if (await c.get("/readyz")).status_code == 200:
-                break
-            await asyncio.sleep(0.01)
-        yield c
 
 
 @pytest.fixture
