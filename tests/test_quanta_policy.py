@@ -308,3 +308,103 @@ def test_every_running_stream_gets_its_token_when_the_set_outgrew_the_itl_size()
     for _ in range(5):
         plan = h.cycle()
         assert len(plan.slices) == h.sched.stats().num_running == 40
+
+
+# Decode steps of the burst's set priced over the inter-token target: only slack already
+# earned can pay for a long step.
+SLOW_SEQS = SloConfig(step_seq_s=0.03)
+
+
+def first_burst_step_tokens(gap_s: float) -> int:
+    """Tokens in the first step after a burst of ten 64-token prompts reaches a calm machine
+    on which four interactive streams have each had ten tokens, ``gap_s`` apart, of
+    12-token answers."""
+    h = Harness.make(FakeExecutor(n_seq_max=64), policy="quanta", token_budget=512, slo=SLOW_SEQS)
+    for k in range(4):
+        h.submit(f"s{k}", prompt(8, base=800 + 10 * k), max_tokens=12, slo_class=INTER)
+    while any(len(h.streamed(f"s{k}")) < 10 for k in range(4)):
+        h.cycle()
+        h.clock.advance(gap_s - 0.01)  # the harness advances 10 ms a step itself
+    for k in range(10):
+        h.submit(f"b{k}", prompt(64, base=100 + 64 * k), max_tokens=8, slo_class=INTER)
+    return h.cycle().num_tokens
+
+
+def test_a_burst_takes_long_steps_only_where_the_streams_can_absorb_them() -> None:
+    # The burst's prompts share long steps (time to first token first) as far as the streams
+    # beside them, ahead of their inter-token pace, can absorb one; streams already behind it
+    # keep the step at its inter-token size.
+    target = SLOW_SEQS.interactive_itl_s * SLOW_SEQS.grow_headroom
+    ahead, behind = first_burst_step_tokens(0.01), first_burst_step_tokens(target * 1.2)
+    itl_sized = StepCostModel(SLOW_SEQS).max_tokens(5, target, 512)
+    assert behind <= itl_sized < ahead
+
+
+def overloaded(quiet_s: float) -> tuple[int, int]:
+    """Sustained overload on 4 slots makes a refusal; once the machine is idle again, ten
+    arrive at once. How many of the ten were refused, and how many queued?"""
+    cfg = SloConfig(
+        interactive_ttft_s=0.2,
+        burst_quiet_s=quiet_s,
+        step_base_s=0.01,
+        step_seq_s=1e-6,
+        step_token_s=1e-6,
+    )
+    h = Harness.make(FakeExecutor(n_seq_max=64), policy="quanta", max_running=4, slo=cfg)
+    for k in range(20):  # a burst on a calm machine: all queued
+        h.submit(f"i{k}", prompt(32, base=100 + k), max_tokens=40, slo_class=INTER)
+    while h.clock.now() < cfg.burst_window_s + 0.1:
+        h.cycle()
+    h.submit("late", prompt(32, base=200), max_tokens=40, slo_class=INTER)  # not calm now
+    assert h.results()[("late", 0)].finish_reason is FinishReason.REJECTED
+    h.run()
+    assert h.clock.now() < 1.1 + 5.0  # the ten come within the quiet time of that refusal
+    for k in range(10):
+        h.submit(f"b{k}", prompt(32, base=300 + k), max_tokens=40, slo_class=INTER)
+    h.run()
+    outcomes = [h.results()[(f"b{k}", 0)].finish_reason for k in range(10)]
+    refused = outcomes.count(FinishReason.REJECTED)
+    return refused, len(outcomes) - refused
+
+
+def test_a_machine_that_just_refused_work_is_not_calm() -> None:
+    refused, queued = overloaded(quiet_s=5.0)
+    assert refused > 0 and queued >= 4  # the target is the bound: what fits in it is served
+    assert overloaded(quiet_s=0.0) == (0, 10)  # calm again at once: the burst is queued
+
+
+def fresh_after_unclaimed_bookings(bookings: bool) -> FinishReason | None:
+    """Sustained overload on 4 slots refuses and books 26 retries that never come; once the
+    last booked time has passed (the bookings still held), a fresh request arrives."""
+    cfg = SloConfig(
+        interactive_ttft_s=0.2,
+        burst_window_s=0.0,
+        step_base_s=0.01,
+        step_seq_s=1e-6,
+        step_token_s=1e-6,
+    )
+    h = Harness.make(FakeExecutor(n_seq_max=64), policy="quanta", max_running=4, slo=cfg)
+    policy = h.sched.policy
+    assert isinstance(policy, QuantaPolicy)
+    if not bookings:
+        policy.admission.bookings = None
+    for k in range(30):
+        h.submit(f"i{k}", prompt(32, base=100 + k), max_tokens=40, slo_class=INTER)
+    told = [
+        r.timings.arrival + r.retry_after_s
+        for r in h.results().values()
+        if r.finish_reason is FinishReason.REJECTED and r.retry_after_s is not None
+    ]
+    assert len(told) > 4
+    while h.clock.now() < max(told) + 0.5:
+        h.cycle()
+    if bookings:
+        assert policy.admission.bookings is not None and len(policy.admission.bookings) > 0
+    h.submit("fresh", prompt(32, base=900), max_tokens=40, slo_class=INTER)
+    done = h.results().get(("fresh", 0))  # a refusal finishes it at once
+    return None if done is None else done.finish_reason
+
+
+def test_a_booked_retry_that_does_not_come_keeps_no_room() -> None:
+    assert fresh_after_unclaimed_bookings(bookings=False) is None  # admitted: not finished
+    assert fresh_after_unclaimed_bookings(bookings=True) is None

@@ -101,8 +101,10 @@ class SloConfig:
     # first token in the last ``burst_window_s``) is queued when its projected first token
     # is within ``1 + burst_grace`` targets (inf: whatever it is, up to the queue bounds):
     # once it is served nobody waits behind it, so a refusal would buy nothing. Sustained
-    # overload gets no grace: the target is the bound.
+    # overload gets no grace: the target is the bound. A machine that refused interactive
+    # work in the last ``burst_quiet_s`` is not calm (that is overload arriving in bursts).
     burst_window_s: float = 1.0
+    burst_quiet_s: float = 5.0
     burst_grace: float = math.inf
     burst_itl_s: float = 1.0  # while such a burst waits, steps may grow to this (smooth)
     fair_lag: float = 32.0
@@ -123,8 +125,10 @@ class SloConfig:
             raise ValueError(f"itl_headroom and step_forgetting must be in (0, 1]: {self}")
         if not 0 < self.step_quantile <= 1 or self.step_window < 1 or self.step_prior_weight <= 0:
             raise ValueError(f"step_quantile in (0, 1], step_window >= 1, prior weight > 0: {self}")
-        if min(self.burst_window_s, self.burst_grace) < 0 or self.burst_itl_s <= 0:
-            raise ValueError(f"burst_window_s, burst_grace >= 0 and burst_itl_s > 0: {self}")
+        if min(self.burst_window_s, self.burst_grace, self.burst_quiet_s) < 0:
+            raise ValueError(f"burst_window_s, burst_grace, burst_quiet_s must be >= 0: {self}")
+        if self.burst_itl_s <= 0:
+            raise ValueError(f"burst_itl_s must be > 0: {self}")
         if not 0 < self.grow_headroom <= 1 or self.fair_lag < 0:
             raise ValueError(f"grow_headroom in (0, 1] and fair_lag >= 0: {self}")
         if self.input_cost < 0 or self.output_cost < 0 or self.expected_output_tokens < 1:

@@ -7,7 +7,10 @@ a refusal books its retry: until the booking is claimed or lapses, admission pro
 ahead of every request that arrives after it (a phantom of the same size), and the retry
 that matches it (same tenant, prompt and max_tokens, arriving within the window) is
 projected behind only the bookings made before its own: refused requests come back in
-the order they were refused, each told a later time than the one before.
+the order they were refused, each told a later time than the one before. Room a booking
+will not need yet is not kept idle: an arrival that fits before the booked times, late for
+none of them (projected in due order, each from its time), is admitted; and a booking whose
+time has passed without its retry keeps no room (it can still be claimed until it lapses).
 
     refused at t, told r ─▶ booked for t + r ─▶ claimed by a retry in [t + r - early,
                                                  t + r + late], or dropped after

@@ -44,6 +44,7 @@ class Job:
     prefill_s: float
     hold_s: float  # how long it keeps its slot after its first token
     due: float = math.inf  # its first token's due time; inf: no promise
+    ready: float = -math.inf  # it cannot start before this (a booked retry: its time)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +62,7 @@ def project(now: float, slots: Slots, jobs: Sequence[Job]) -> list[float]:
     lane = max(slots.lane_free, now)
     out: list[float] = []
     for job in jobs:
-        start = heapq.heappop(free)
+        start = max(heapq.heappop(free), job.ready)
         first = max(start, lane) + job.prefill_s
         lane = first
         heapq.heappush(free, first + job.hold_s)

@@ -24,8 +24,12 @@ admission that answers at once) with these rules changed or added:
   nobody waits behind it, so a refusal buys nothing). While any of it waits for a first
   token, steps carry the full token budget and the running set may grow to what the cost
   model's mean prices within ``burst_itl_s`` (still smooth: a token per such gap), so that the
-  twentieth person is not left behind a cap. Under sustained load the target is the bound,
-  the set keeps its inter-token size and prefill chunks fit the inter-token target.
+  twentieth person is not left behind a cap. Such a step may be long only as far as every
+  running interactive stream can absorb it and still end its answer within the inter-token
+  target on average (``_pace_s``: the steps after it priced as decode steps). A machine that
+  refused interactive work in the last ``burst_quiet_s`` is not calm: under sustained load
+  the target is the bound, the set keeps its inter-token size and prefill chunks fit the
+  inter-token target.
 - Memory: a request starts only if the running set and it, each growing a token a step to
   its predicted end (the ``admission_quantile`` of its remaining length from the scheduler's
   length predictor), fit the KV pool at every future completion: ``horizon``'s MC-SF gate
@@ -88,6 +92,7 @@ class QuantaPolicy(SloPolicy):
         self.gate = MemoryGate(self._projected)
         self._ttft_first = False
         self._calm_at = -math.inf  # when the machine was last calm (``_note_calm``)
+        self._refused_at = -math.inf  # when an interactive request was last refused
         self._itl_cap = 1  # the running set the inter-token target allows, last computed
         self._burst: set[Choice] = set()  # admitted in a calm burst, before the first token
         # (estimated, actual) seconds to the first token of the last finished requests
@@ -118,12 +123,34 @@ class QuantaPolicy(SloPolicy):
         queued = len(self.queue.classes[_INTERACTIVE]) > 0
         self._batch_yields = queued or any(_prefilling(r) for r in inter)
         budget = base.token_budget
-        if inter and not self._ttft_first:
+        if inter:
             # every running stream gets its token, and one arrival its first chunk if it fits
             n_seqs = max(len(running), min(len(running) + 1, cap))
-            budget = self.cost.max_tokens(n_seqs, self._itl_target, base.token_budget)
+            step_s = self._itl_target
+            if self._ttft_first:
+                step_s = max(step_s, self._pace_s(inter, cap))
+            if step_s < math.inf:
+                budget = self.cost.max_tokens(n_seqs, step_s, base.token_budget)
         self._limits = StepLimits(cap, budget)
         return self._limits
+
+    def _pace_s(self, inter: Sequence[Choice], cap: int) -> float:
+        """The longest step after which every decoding interactive stream still ends its
+        answer within the inter-token target on average: its gaps so far, this step, and
+        its expected remaining tokens at the mean decode step of the set the queue brings."""
+        decoding = [r for r in inter if r.first_token is not None]
+        if not decoding:
+            return math.inf
+        n = min(cap, len(self._running) + len(self.queue.classes[_INTERACTIVE]))
+        step = self._mean.decode_step_s(max(n, 1))
+        allowed = math.inf
+        for r in decoding:
+            assert r.first_token is not None
+            left = self.admission.est.outputs_left(r)  # tokens still to come, this one too
+            gaps = r.num_output - 1 + left  # of the whole answer
+            spent = self._now - r.first_token
+            allowed = min(allowed, self._itl_target * gaps - spent - (left - 1) * step)
+        return allowed
 
     def room(self, n_seqs: int, n_tokens: int) -> int | None:
         if self._ttft_first or not any(r.slo_class is _INTERACTIVE for r in self._running):
@@ -226,6 +253,8 @@ class QuantaPolicy(SloPolicy):
             if burst:
                 caps = StepLimits(self.running_cap(base, burst=True), base.token_budget)
         verdict = self.admission.decide(choices, ahead, caps, base)
+        if verdict.reason is not None and cls is _INTERACTIVE:
+            self._refused_at = x.arrival
         if verdict.reason is None:
             for r in choices:
                 self.counters[cls].join(r)
@@ -241,8 +270,10 @@ class QuantaPolicy(SloPolicy):
     def _note_calm(self, now: float, running: Collection[Choice]) -> None:
         """Remember when the machine was last calm: no interactive request waiting for its
         first token, and interactive streams short of the inter-token-sized set (batch
-        does not count: it yields or is preempted)."""
+        does not count: it yields or is preempted), and no interactive refusal lately."""
         if len(self.queue.classes[_INTERACTIVE]) > 0:
+            return
+        if now - self._refused_at < self.config.burst_quiet_s:
             return
         inter = [r for r in running if r.slo_class is _INTERACTIVE]
         if any(r.first_token is None for r in inter) or len(inter) >= self._itl_cap:

@@ -40,7 +40,9 @@ for a full queue, the time the running slots take to serve the excess requests.
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import replace
 
 from quanta_core.requests import RejectionKind, SloClass
 from quanta_core.scheduler.admission import AdmissionDecision, AdmissionVerdict
@@ -49,7 +51,7 @@ from quanta_core.scheduler.config import StepLimits
 from quanta_core.scheduler.policies.bookings import Bookings
 from quanta_core.scheduler.policies.class_queue import ClassQueue
 from quanta_core.scheduler.policies.drain import BacklogDrain
-from quanta_core.scheduler.policies.promises import Job, late, next_up, project
+from quanta_core.scheduler.policies.promises import Job, Slots, late, next_up, project
 from quanta_core.scheduler.policies.slo_estimates import SloEstimates, prefill_left
 from quanta_core.scheduler.policies.vtc import VirtualCounters
 from quanta_core.scheduler.queue import arrival_order
@@ -147,21 +149,25 @@ class SloAdmission:
         # after them all, so admitting it can delay none of them.
         ordered = [job(r, self.promises.get(r)) for r in queued if r not in self._unpromised()]
         own = self.bookings.claim(x) if self.bookings is not None else None
+        booked: list[Job] = []
         if self.bookings is not None:
+            budget = base.token_budget
             for b in self.bookings.ahead_of(own, now):
-                ordered.append(
-                    self.est.job_of(
-                        b.prompt_len, b.max_tokens, decode_s, streams, base.token_budget
-                    )
-                )
+                if b.at < now:
+                    continue  # its retry did not come when told: no room is kept for it
+                j = self.est.job_of(b.prompt_len, b.max_tokens, decode_s, streams, budget)
+                booked.append(replace(j, due=b.at + target, ready=b.at))
         if over:
             ordered += [job(x, None)] * len(self._tenants_below(x, running))
         mine = job(x, now + target + self.ttft_grace_s)
-        firsts = project(now, slots, [*ordered, mine])
-        if not late([mine], firsts[-1:]):
-            self.last_estimate = firsts[-1] - now
+        # Behind every booked retry as if each were back now; else in due order with them,
+        # at their times, if that makes none of them late (room they will not need yet).
+        now_back = [replace(b, ready=-math.inf) for b in booked]
+        est = project(now, slots, [*ordered, *now_back, mine])[-1] - now
+        first = est if est + now <= mine.due else _before_retries(now, slots, ordered, booked, mine)
+        if first is not None:
+            self.last_estimate = first
             return mine.due
-        est = firsts[-1] - now
         kind = RejectionKind.TENANT_OVER_SHARE if over else RejectionKind.OVERLOADED
         why = " (its tenant is over its fair share)" if over else ""
         retry = max(est - target, self.cost.decode_step_s(1))
@@ -412,6 +418,25 @@ class SloAdmission:
         if self._excess([w for w in waiting if w not in gone], n, tokens, bound) > 0:
             return None
         return tuple(shed)
+
+
+def _before_retries(
+    now: float, slots: Slots, ahead: list[Job], booked: list[Job], mine: Job
+) -> float | None:
+    """``mine``'s seconds to its first token projected among the booked retries in due
+    order, each no sooner than its time; None if it is late there or makes one of them late
+    that was not."""
+    if not booked:
+        return None
+    booked = sorted(booked, key=lambda j: j.due)
+    merged = sorted([*booked, mine], key=lambda j: j.due)
+    k = merged.index(mine)
+    before = late(booked, project(now, slots, [*ahead, *booked])[len(ahead) :])
+    firsts = project(now, slots, [*ahead, *merged])[len(ahead) :]
+    if firsts[k] > mine.due:
+        return None
+    after = late(merged[:k] + merged[k + 1 :], firsts[:k] + firsts[k + 1 :])
+    return firsts[k] - now if len(after) <= len(before) else None
 
 
 def _sheddable(r: Choice) -> bool:
