@@ -408,3 +408,45 @@ def fresh_after_unclaimed_bookings(bookings: bool) -> FinishReason | None:
 def test_a_booked_retry_that_does_not_come_keeps_no_room() -> None:
     assert fresh_after_unclaimed_bookings(bookings=False) is None  # admitted: not finished
     assert fresh_after_unclaimed_bookings(bookings=True) is None
+
+
+def long_prompts(policy: str) -> tuple[int, list[float]]:
+    """Ten prompts too long for the first-token target even alone, at once, on a loaded
+    machine: how many were refused, and the first-token estimates of the admitted."""
+    cfg = SloConfig(interactive_ttft_s=0.5, burst_window_s=0.0, step_token_s=0.01)
+    h = Harness.make(FakeExecutor(n_seq_max=64), policy=policy, slo=cfg)
+    for k in range(10):
+        h.submit(f"i{k}", prompt(200, base=50 + 5 * k), max_tokens=8, slo_class=INTER)
+    h.run()
+    results = [h.results()[(f"i{k}", 0)] for k in range(10)]
+    refused = sum(1 for r in results if r.finish_reason is FinishReason.REJECTED)
+    estimates = [r.timings.ttft_estimate_s for r in results if r.timings.ttft_estimate_s]
+    return refused, estimates
+
+
+def test_a_prompt_too_long_for_the_target_waits_no_longer_than_it_computes() -> None:
+    cfg = SloConfig(interactive_ttft_s=0.5, step_token_s=0.01)
+    alone = StepCostModel(cfg).prefill_s(200, 0, 512)
+    assert alone > cfg.interactive_ttft_s
+    refused, estimates = long_prompts("quanta")
+    assert 0 < refused < 10
+    assert estimates and max(estimates) <= 2 * alone + 1e-9
+    assert long_prompts("slo")[0] == 0  # `slo` serves them best effort, however long queued
+
+
+def test_a_retry_too_far_out_is_not_booked() -> None:
+    cfg = SloConfig(interactive_ttft_s=0.2, burst_window_s=0.0, step_base_s=0.01)
+    h = Harness.make(FakeExecutor(n_seq_max=64), policy="quanta", max_running=2, slo=cfg)
+    policy = h.sched.policy
+    assert isinstance(policy, QuantaPolicy) and policy.admission.bookings is not None
+    bookings = policy.admission.bookings
+    for k in range(200):
+        h.submit(f"i{k}", prompt(32, base=100 + k), max_tokens=200, slo_class=INTER)
+    told = [
+        r.retry_after_s
+        for r in h.results().values()
+        if r.finish_reason is FinishReason.REJECTED and r.retry_after_s is not None
+    ]
+    assert max(told) > bookings.horizon_s  # some were told to come back that late ...
+    assert 0 < len(bookings) < len(told)  # ... and only those within the horizon booked
+    assert max(told) < 3 * bookings.horizon_s  # so the times told stop growing

@@ -14,7 +14,7 @@ time has passed without its retry keeps no room (it can still be claimed until i
 
     refused at t, told r ─▶ booked for t + r ─▶ claimed by a retry in [t + r - early,
                                                  t + r + late], or dropped after
-                            (early: at most half of r)
+                            (early: at most half of r; r over the horizon: not booked)
 """
 
 from __future__ import annotations
@@ -36,9 +36,13 @@ class Booking:
 
 
 class Bookings:
-    def __init__(self, early_s: float = 0.5, late_s: float = 2.0) -> None:
+    def __init__(self, early_s: float = 0.5, late_s: float = 2.0, horizon_s: float = 30.0) -> None:
         self.early_s = early_s
         self.late_s = late_s
+        # A retry told to come back later than this is not booked: few clients wait that
+        # long (the OpenAI SDK honours a retry-after of at most 60 s), and under sustained
+        # overload each booking would push the next refusal's time further out.
+        self.horizon_s = horizon_s
         self._held: list[Booking] = []
         self._seq = 0
 
@@ -46,6 +50,8 @@ class Bookings:
         return len(self._held)
 
     def book(self, x: Choice, at: float) -> None:
+        if at - x.arrival > self.horizon_s:
+            return
         self._seq += 1
         self._held.append(
             Booking(x.tenant, _prompt(x), x.prompt_len, x.max_tokens, at, x.arrival, self._seq)

@@ -13,6 +13,9 @@ admission that answers at once) with these rules changed or added:
   takes them from running batch requests, which are preempted (stashed: cheap, 22.5 KiB per
   token) and resume later. The last running batch request is never taken while batch waits:
   batch always progresses. Aged batch goes ahead of other batch, never ahead of interactive.
+- A prompt too long for the first-token target even alone is promised twice its own
+  prefill (it waits no longer than it computes) and refused when the queue would keep it
+  longer: queued best effort, such prompts filled the queue and waited minutes.
 - Admission projects an interactive request behind the interactive work only (batch can be
   overtaken or preempted), so it is refused only when interactive work alone keeps it past
   its target; the estimate is kept on the request (``ttft_estimate``) and reported. A
@@ -85,6 +88,7 @@ class QuantaPolicy(SloPolicy):
         self.admission = SloAdmission(cfg, self._mean, self.queue, self.counters)
         self.admission.promoted_ahead = False
         self.admission.bookings = Bookings()
+        self.admission.long_prompt_slack = 2.0
         self.admission.est.itl_target_s = self._itl_target
         self.admission.est.alone_full_budget = True  # alone, a prompt takes whole steps
         self.admission_quantile = admission_quantile

@@ -20,8 +20,10 @@ A new request passes three checks, in this order:
      backlog has been served (``drain``: interactive overtaking batch slows it below the
      projection).
    Missed: rejected; 429 if its tenant is over its fair share, else 503 (the machine as a
-   whole cannot meet the target). A request that misses its target even on an idle machine
-   is served best effort (no queue is in its way, no retry would help; no promise).
+   whole cannot meet the target). A batch request that misses its target even on an idle
+   machine is served best effort (no queue is in its way, no retry would help); so is an
+   interactive one, unless the policy sets ``long_prompt_slack``: then a prompt too long
+   for the target even alone is promised that many times its own prefill instead.
 3. The shared bound of all queues. Full: a batch arrival is rejected (503); an interactive one
    sheds queued batch requests, newest first, that never ran, were never preempted and were
    not promoted by aging, until it fits (else 503).
@@ -92,6 +94,9 @@ class SloAdmission:
         # A refused interactive request's retry keeps its place (``bookings``); None: off.
         self.bookings: Bookings | None = None
         self.drain = BacklogDrain()  # batch's measured service rate (the policy feeds it)
+        # A prompt too long for the first-token target even alone is promised this many
+        # times its own prefill (2: it may wait as long as it computes); None: best effort.
+        self.long_prompt_slack: float | None = None
 
     # ---- the decision ----
 
@@ -133,8 +138,9 @@ class SloAdmission:
         self, x: Choice, running: Collection[Choice], caps: StepLimits, base: StepLimits
     ) -> AdmissionVerdict | float | None:
         """A rejection, or the promise to make (its due time; None: best effort)."""
-        now, target = x.arrival, self.config.interactive_ttft_s
-        if self.est.alone_prefill_s(x, base.token_budget) > target:
+        now = x.arrival
+        target = self.ttft_target(x, base)
+        if target is None:
             return None
         over = self.over_share(x, running)
         queued = self._projected_queue()
@@ -174,8 +180,8 @@ class SloAdmission:
         if self.bookings is not None:
             self.bookings.book(x, now + retry)
         return AdmissionVerdict.reject(
-            f"expected first token in {est:.1f} s, over the interactive target of "
-            f"{target:g} s{why}",
+            f"expected first token in {est:.1f} s, over its first-token target of "
+            f"{target:.3g} s{why}",
             kind,
             retry,
         )
@@ -237,6 +243,18 @@ class SloAdmission:
         decision = AdmissionDecision.START if start else AdmissionDecision.QUEUE
         shed_retry = self.drain_s(len(shed), caps) if shed else None
         return AdmissionVerdict(decision, shed=shed, shed_retry_after_s=shed_retry)
+
+    def ttft_target(self, x: Choice, base: StepLimits) -> float | None:
+        """Seconds to ``x``'s first token it is promised: the interactive target, or, for a
+        prompt too long for it even alone, ``long_prompt_slack`` times its own prefill
+        (None: no promise, best effort)."""
+        target = self.config.interactive_ttft_s
+        alone = self.est.alone_prefill_s(x, base.token_budget)
+        if alone <= target:
+            return target
+        if self.long_prompt_slack is None:
+            return None
+        return max(target, self.long_prompt_slack * alone)
 
     def target(self, cls: SloClass) -> float:
         if cls is SloClass.INTERACTIVE:
