@@ -347,11 +347,13 @@ class KvManager:
     def grow(self, seq: int, num_tokens: int) -> bool:
         """Reserve room for ``num_tokens`` in ``seq``, evicting cached blocks if needed."""
         st = self._seqs[seq]
-        if num_tokens <= len(st.table) * self.block_size:  # the common case: room in the tail
+        bs = self.block_size
+        if num_tokens <= len(st.table) * bs:  # the common case: room in the tail
             if num_tokens > st.num_tokens:
                 st.num_tokens = num_tokens
             return True
-        if not self.can_grow(seq, num_tokens):
+        pool = self.pool
+        if -(-num_tokens // bs) - len(st.table) > len(pool.free) + len(pool.lru):  # can_grow
             return False
         self._reserve(st, num_tokens)
         return True
@@ -447,9 +449,12 @@ class KvManager:
     def _reserve(self, st: SeqTable, num_tokens: int) -> None:
         pool, seq, table = self.pool, st.seq, st.table
         free, blocks = pool.free, pool.blocks
-        for depth in range(len(table), -(-num_tokens // self.block_size)):
+        n_blocks = -(-num_tokens // self.block_size)
+        for depth in range(len(table), n_blocks):
             if not free:
-                self._evict_oldest_cached()
+                # As many as are still needed, in one truncation where they are one holder's
+                # tail: block by block would free (and take) the same blocks in this order.
+                self._evict_oldest_cached(up_to=n_blocks - depth)
             block = blocks[free.popleft()]  # ``pool.take_free(depth)``, inline
             block.depth = depth
             # ``_hold(block, seq, active=True)`` of a free block (nobody holds it: not cached),
@@ -475,7 +480,7 @@ class KvManager:
             return
         (holder,) = block.seqs
         depth = block.depth
-        if depth == len(self._seqs[holder].table) - 1:
+        if up_to > 1 and depth == len(self._seqs[holder].table) - 1:
             for b in self.pool.cached_oldest_first(up_to):
                 if b is not block and (b.depth != depth - 1 or b.seqs != {holder}):
                     break

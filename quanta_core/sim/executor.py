@@ -129,11 +129,23 @@ class SimExecutor:
         if not ops:
             return 0
         mirror = self._mirror
-        if any(type(op) is not Truncate for op in ops):
+        cuts = [op for op in ops if type(op) is Truncate]
+        if len(cuts) != len(ops):
             raise EngineInputError(f"a steady step's ops are truncations only, not {ops}")
-        before = sum(mirror.lengths.values())
-        mirror.adopt(mirror.after(StepPlan(kv_ops=tuple(ops), slices=(), release=())))
-        return before - sum(mirror.lengths.values())
+        # Checked first, then applied in place: a truncation's checks do not depend on the
+        # state, so none can fail half-way.
+        for op in cuts:
+            mirror.check_truncate(op)
+        lengths, dropped = mirror.lengths, 0
+        for op in cuts:
+            held = lengths.get(op.seq, 0)
+            if op.start < held:
+                dropped += held - op.start
+                if op.start:
+                    lengths[op.seq] = op.start
+                else:
+                    del lengths[op.seq]
+        return dropped
 
     def decode(
         self,
