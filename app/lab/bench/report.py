@@ -20,7 +20,6 @@ from itertools import accumulate, chain
 from pathlib import Path
 from typing import Any
 
-import httpx
 import msgspec
 import numpy as np
 
@@ -52,6 +51,8 @@ def git_commit() -> str | None:
 
 
 def _get_json(url: str, api_key: str | None = None) -> Any:
+    import httpx  # only a run against a server asks one: a simulation needs no HTTP client
+
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
         response = httpx.get(url, headers=headers, timeout=5.0)
