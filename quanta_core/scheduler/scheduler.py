@@ -378,7 +378,7 @@ class Scheduler:
     def _try_start(self, r: Choice, budget: int, now: float) -> int | None:
         """Give ``r`` a sequence and blocks; return its first chunk's size, or ``None``."""
         if r.stash_key is not None:
-            adm = self.kv.restore(r.stash_key, r.tokens, r.stash_tokens, budget)
+            adm = self.kv.restore(r.stash_key, r.tokens, r.stash_tokens, budget, r.block_chain)
             if adm is None:
                 return None
             self._stash_bytes.pop(r.stash_key, None)
@@ -628,7 +628,7 @@ class Scheduler:
                 continue
             r.restored_key = None
             r.num_computed_tokens = end = s.start_pos + len(s.tokens)
-            kv.commit(s.seq, r.tokens, end)
+            kv.commit(s.seq, r.tokens, end, chain=r.block_chain)
             if r.charged_input < r.prompt_len:  # else all charged: a decode, the common case
                 charged = r.charge_input(s.start_pos, end)
                 if charged:
