@@ -36,7 +36,7 @@ def _span(n_vocab: int) -> tuple[int, int]:
 
 
 @functools.cache
-def _int_objects(high: int) -> np.ndarray:
+def int_objects(high: int) -> np.ndarray:
     """The Python ints 0 .. ``high`` - 1, as an array of the objects: indexed by a stream's
     values, it hands out the same few thousand int objects to every prompt instead of a new
     one per token (a trace's prompts hold millions of tokens)."""
@@ -50,7 +50,7 @@ def _stream(seed: int, n: int, low: int, span: int) -> list[int]:
         return []  # most workloads have no tenant prefix: spare numpy's set-up for nothing
     k = np.arange(n, dtype=np.int64)
     values = low + (seed + 7919 * k + (k * k) % 104729) % span
-    tokens: list[int] = _int_objects(low + span)[values].tolist()
+    tokens: list[int] = int_objects(low + span)[values].tolist()
     return tokens
 
 
