@@ -69,7 +69,7 @@ def test_tokens_are_deterministic_never_eog_and_continue_after_a_replay() -> Non
 
 
 def test_a_decode_run_samples_the_tokens_steps_one_by_one_would() -> None:
-    # Runs small and large (sampled in one array pass from 128 tokens on), sampler chains
+    # Runs small and large (sampled in one array pass from 256 tokens on), sampler chains
     # new and going on, and a tiny vocabulary whose tokens often land on the EOG ids.
     for n_vocab in (FakeExecutor().info.n_vocab, 4):
         info = msgspec.structs.replace(FakeExecutor().info, n_vocab=n_vocab, eog_tokens=(0, 2))

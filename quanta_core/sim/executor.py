@@ -45,7 +45,7 @@ from quanta_core.sim.prompts import int_objects
 _MIX = 2654435761  # Knuth's multiplicative hash: spreads k over 32 bits
 # A decode run samples its tokens in one array pass from this many on (below, numpy's
 # set-up costs more than the loop it replaces).
-_ARRAY_TOKENS = 128
+_ARRAY_TOKENS = 256
 
 
 class SimExecutor:
@@ -61,6 +61,7 @@ class SimExecutor:
         self._samplers: dict[str, tuple[int, int]] = {}  # owner -> (seed, tokens sampled)
         self._eog = frozenset(info.eog_tokens)
         self._span = info.n_vocab - 1  # tokens 1 .. n_vocab - 1
+        self._eog_sampled = sorted(t for t in self._eog if 1 <= t <= self._span)  # can be hit
 
     @property
     def info(self) -> EngineInfo:
@@ -196,11 +197,13 @@ class SimExecutor:
         seed = np.asarray(seeds, dtype=np.int64)[:, None]
         span = self._span
         tokens = 1 + ((seed + k * _MIX) & 0xFFFFFFFF) % span
-        eog = np.asarray(sorted(self._eog), dtype=np.int64)
-        hit = np.isin(tokens, eog)
-        while hit.any():  # ``while token in eog: token = token % span + 1``, token by token
+        while True:  # ``while token in eog: token = token % span + 1``, token by token
+            hit = None
+            for e in self._eog_sampled:
+                hit = tokens == e if hit is None else hit | (tokens == e)
+            if hit is None or not hit.any():
+                break
             tokens[hit] = tokens[hit] % span + 1
-            hit &= np.isin(tokens, eog)
         sampled: list[list[int]] = int_objects(span + 1)[tokens].tolist()
         return sampled
 
