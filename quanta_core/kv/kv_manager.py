@@ -518,7 +518,9 @@ class KvManager:
         depth = block.depth
         if up_to > 1 and depth == len(self._seqs[holder].table) - 1:
             for b in self.pool.cached_oldest_first(up_to):
-                if b is not block and (b.depth != depth - 1 or b.seqs != {holder}):
+                if b is not block and (
+                    b.depth != depth - 1 or len(b.seqs) != 1 or holder not in b.seqs
+                ):
                     break
                 depth = b.depth
         self._truncate_holder(holder, depth)
