@@ -39,7 +39,7 @@ from quanta_core.engine.types import (
     StepTimings,
     Truncate,
 )
-from quanta_core.sim.cost_model import CostModel, features_of, steady_features
+from quanta_core.sim.cost_model import CostModel, features_of
 from quanta_core.sim.prompts import int_objects
 
 _MIX = 2654435761  # Knuth's multiplicative hash: spreads k over 32 bits
@@ -110,15 +110,16 @@ class SimExecutor:
         lengths = self._mirror.lengths
         held = sum(lengths.get(seq, 0) for seq in seqs)
         idle = sum(lengths.values()) - held  # cells of the sequences outside the batch
-        predict = self.cost_model.predict
         if chunk == 1:
             n = len(seqs)
+            price = self.cost_model.steady_pricer(n, 1)  # predict(steady_features(...))
             while True:
                 held += n  # each slice's own attention: its start + 1 pairs, as its cells
-                dropped = yield predict(steady_features(n, 1, held, held, idle))
+                dropped = yield price(held, held, idle)
                 if dropped:
                     idle -= dropped
         n = len(seqs) - 1
+        price = self.cost_model.steady_pricer(n, chunk)
         start = lengths.get(seqs[-1], 0)  # the prompt's
         decoded = held - start  # the decoding sequences' cells before the step
         tail = chunk * (chunk + 1) // 2
@@ -126,7 +127,7 @@ class SimExecutor:
             decoded += n
             pairs = decoded + chunk * start + tail  # attended_pairs(start, chunk)
             start += chunk
-            dropped = yield predict(steady_features(n, chunk, pairs, decoded + start, idle))
+            dropped = yield price(pairs, decoded + start, idle)
             if dropped:
                 idle -= dropped
 
