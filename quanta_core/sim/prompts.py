@@ -54,6 +54,13 @@ def _stream(seed: int, n: int, low: int, span: int) -> list[int]:
     return tokens
 
 
+def always_in_vocabulary(n_vocab: int) -> bool:
+    """Whether every id ``prompt_ids`` can make for ``n_vocab`` is in the vocabulary
+    (all of them lie in the span, the chat template's head from its start)."""
+    low, span = _span(n_vocab)
+    return span > 0 and max(low + span, low + CHAT_HEAD_TOKENS) <= n_vocab
+
+
 def prompt_ids(
     seed: int, request: PlannedRequest, endpoint: Endpoint, n_vocab: int
 ) -> tuple[int, ...]:

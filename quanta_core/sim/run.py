@@ -39,7 +39,7 @@ from quanta_core.scheduler.scheduler import Scheduler
 from quanta_core.sim.cost_model import CostModel
 from quanta_core.sim.executor import SimExecutor
 from quanta_core.sim.loop import SimLoop
-from quanta_core.sim.prompts import prompt_ids
+from quanta_core.sim.prompts import always_in_vocabulary, prompt_ids
 from quanta_core.sim.server_cost import ServerCost
 from quanta_core.sim.step_trace import SpeedProfile
 from quanta_core.workload import PlannedRequest, WorkloadSpec
@@ -149,7 +149,16 @@ def run_workload(
     """Run ``plan`` through the scheduler on ``executor``, the clock moved by each step's
     ``total_s``: the simulated engine's cost model, or a real engine's wall time (the
     calibration's served phase: arrivals then come in engine time, idle gaps skipped)."""
-    scheduler = Scheduler(config, executor.info, clock, token_events=False)  # results carry them
+    # Results carry the tokens; the prompts' ids need no check where none can be out of the
+    # vocabulary (``prompt_ids``).
+    n_vocab = executor.info.n_vocab
+    scheduler = Scheduler(
+        config,
+        executor.info,
+        clock,
+        token_events=False,
+        check_token_ids=not always_in_vocabulary(n_vocab),
+    )
     client = _Client(spec, plan, executor.info.n_vocab)
     loop = SimLoop(scheduler, executor, clock, client.on_finished, server, bulk)
     client.loop = loop
