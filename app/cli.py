@@ -19,7 +19,7 @@ def build_cli() -> typer.Typer:
     ``main``) needs none of the others' (the tenancy commands alone pull in the database
     stack, a large share of a simulation's start-up)."""
     from app.lab.bench.cli import bench_cli
-    from app.lab.calibrate import calibrate
+    from app.lab.calibrate.command import calibrate
     from app.lab.sim import sim
     from app.lab.steps import step_replay, step_report
     from app.lab.sweep import sweep

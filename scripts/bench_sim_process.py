@@ -9,7 +9,9 @@ results file all count): wall seconds and the CPU seconds it used (on a machine 
 the CPU time is the steadier figure). ``default`` is the command as a user types it (the
 server's default policy); each other policy is the same command with ``--policy``. The
 commands run in turns (default, fcfs, default, fcfs, ...) so that the machine's load falls
-on each alike. Writes ``bench/results/sim/trace_full.json``.
+on each alike. Writes ``bench/results/sim/trace_full.json``, with ``busy_loop_check``: the
+CPU seconds a one-thread child spinning for 2 s of wall time is charged (how this machine
+counts CPU against wall time).
 
 The processes may write Python's bytecode cache, as an installed ``quanta`` does (a
 ``PYTHONDONTWRITEBYTECODE`` in the environment is dropped for them, and one ``quanta sim
@@ -69,6 +71,23 @@ def one_run(requests: int, policy: str | None, env: dict[str, str]) -> dict[str,
     }
 
 
+# A child that spins on one core for 2 s of wall time: the CPU time it is charged says how
+# this machine counts CPU time against wall time (1.0 where the two agree).
+BUSY = "import time\nt = time.perf_counter()\nwhile time.perf_counter() - t < 2.0: pass"
+
+
+def busy_loop_check() -> dict[str, float]:
+    """One single-threaded child's CPU seconds per wall second: a process's CPU time above
+    its wall time means more than one core at work, unless this is above 1 too."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-c", BUSY], check=True)
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {"wall_s": round(wall, 3), "cpu_s": round(cpu, 3), "cpu_per_wall": round(cpu / wall, 3)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--requests", type=int, default=10_000)
@@ -108,6 +127,7 @@ def main() -> None:
             "virtual_s": round(last["virtual_s"], 1),
         }
     figures = {
+        "busy_loop_check": busy_loop_check(),
         "requests": args.requests,
         "target_s": TARGET_S,
         "bytecode_cache": not args.fresh_bytecode,

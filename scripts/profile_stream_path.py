@@ -78,7 +78,8 @@ class TimedExecutor(FakeExecutor):
 
 
 def fake_engine_core(settings: Settings) -> Core:
-    from app.server.assemble import LlamaGrammars, scheduler_config
+    from app.server.assemble import LlamaGrammars
+    from app.server.scheduling import scheduler_config
     from quanta_core.clock import WallClock
     from quanta_core.engine.llama_cpp.tokenizer import Tokenizer
     from quanta_core.scheduler import Driver, Scheduler

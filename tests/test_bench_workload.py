@@ -7,6 +7,7 @@ import itertools
 import math
 import random
 import statistics
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -149,6 +150,28 @@ def test_trace_replay_scales_time_and_lengths() -> None:
     assert [(r.arrival, r.prompt_tokens) for r in skipped] == [(0.0, 1000), (1.5, 100)]
     short = list(replay(rows, TraceSpec(path="-", time_scale=2.0, duration_s=5.0)))
     assert len(short) == 3
+
+
+def test_trace_times_are_strptimes_seconds_across_days_and_shapes() -> None:
+    # Midnight, a day and a month boundary, a leap day, and a shape strptime reads leniently.
+    text = """TIMESTAMP,ContextTokens,GeneratedTokens
+2024-02-28 23:59:59.9999999,1,1
+2024-02-29 00:00:00.0000001,2,2
+2024-03-01 12:34:56.5,3,3
+2024-3-1 12:34:57,4,4
+"""
+    rows = parse_azure_csv(text)
+    t0 = datetime(2024, 2, 28, 23, 59, 59, tzinfo=UTC).timestamp() + 0.9999999
+    want = [
+        datetime(2024, 2, 28, 23, 59, 59, tzinfo=UTC).timestamp() + 0.9999999,
+        datetime(2024, 2, 29, tzinfo=UTC).timestamp() + 0.0000001,
+        datetime(2024, 3, 1, 12, 34, 56, tzinfo=UTC).timestamp() + 0.5,
+        datetime(2024, 3, 1, 12, 34, 57, tzinfo=UTC).timestamp(),
+    ]
+    assert [r.arrival for r in rows] == [t - t0 for t in want]
+    assert [r.prompt_tokens for r in rows] == [1, 2, 3, 4]
+    with pytest.raises(ValueError):
+        parse_azure_csv("TIMESTAMP,ContextTokens,GeneratedTokens\n2024-02-30 00:00:00,1,1\n")
 
 
 def test_a_trace_workload_file_replays_the_trace(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ import typer
 from typer.testing import CliRunner
 
 from app.lab.calibrate import command as cal
-from app.lab.calibrate import probe, served
+from app.lab.calibrate import machine, probe, served
 from app.lab.calibrate.command import calibrate
 from app.lab.calibrate.grid import (
     FULL,
@@ -338,10 +338,10 @@ def test_probe_only_refuses_other_flags(args: list[str], message: str) -> None:
 
 
 def test_machine_slug_is_cpus_and_cpu_model(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cal, "cpu_model", lambda: "Intel(R) Core(TM) i7-8550U CPU @ 1.80GHz")
+    monkeypatch.setattr(machine, "cpu_model", lambda: "Intel(R) Core(TM) i7-8550U CPU @ 1.80GHz")
     monkeypatch.setattr(cal.os, "cpu_count", lambda: 8)
-    assert cal.machine_slug(8) == "8cpu-intel-core-i7-8550u"
-    assert cal.machine_slug(2) == "8cpu-intel-core-i7-8550u-2t"
+    assert machine.machine_slug(8) == "8cpu-intel-core-i7-8550u"
+    assert machine.machine_slug(2) == "8cpu-intel-core-i7-8550u-2t"
     assert cal.default_out("SmolLM2", "8cpu-x") == Path("config/cost_models/SmolLM2__8cpu-x.json")
 
 

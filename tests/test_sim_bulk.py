@@ -11,6 +11,7 @@ counts and the fair counters must be equal, not close.
 from __future__ import annotations
 
 import dataclasses
+import random
 
 import pytest
 
@@ -18,7 +19,13 @@ from quanta_core.engine.types import SeqSlice, StepPlan
 from quanta_core.requests import SloClass
 from quanta_core.scheduler import SchedulerConfig
 from quanta_core.scheduler.config import PolicyName
-from quanta_core.sim.cost_model import CostModel, attended_pairs, features_of, steady_features
+from quanta_core.sim.cost_model import (
+    COEFFICIENTS,
+    CostModel,
+    attended_pairs,
+    features_of,
+    steady_features,
+)
 from quanta_core.sim.run import SimOutcome, sim_engine_info, simulate
 from quanta_core.sim.server_cost import ServerCost
 from quanta_core.workload import TenantSpec, WorkloadSpec, build_plan
@@ -197,6 +204,19 @@ def test_steady_features_are_those_of_the_plan() -> None:
     pairs = held + attended_pairs(64, 6)
     expected = features_of(plan, lengths, {})
     assert steady_features(2, 6, pairs, held + 64 + 6, 300) == expected
+
+
+def test_a_steady_pricer_prices_as_predict_of_the_steady_features() -> None:
+    rng = random.Random(11)
+    for _ in range(300):
+        # signed coefficients too: a fit may leave one below 0 (and a step at 0 s)
+        model = CostModel(**{k: rng.uniform(-0.01, 0.05) for k in COEFFICIENTS})
+        n, chunk = rng.randrange(0, 40), rng.choice((1, 1, 2, 17, 128))
+        price = model.steady_pricer(n, chunk)
+        for _ in range(20):
+            pairs, held, idle = (rng.randrange(0, 10**6) for _ in range(3))
+            want = model.predict(steady_features(n, chunk, pairs, held, idle))
+            assert price(pairs, held, idle).hex() == want.hex()
 
 
 def test_a_speed_profile_steps_one_by_one() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from quanta_core.clock import VirtualClock
@@ -65,6 +66,25 @@ def test_tokens_are_deterministic_never_eog_and_continue_after_a_replay() -> Non
     # A new sampler fed 20 replayed tokens goes on as if it had sampled them itself.
     c = _sim()
     assert stream(c, "r1/0", 30, replayed=tuple(first[:20])) == first[20:]
+
+
+def test_a_decode_run_samples_the_tokens_steps_one_by_one_would() -> None:
+    # Runs small and large (sampled in one array pass from 256 tokens on), sampler chains
+    # new and going on, and a tiny vocabulary whose tokens often land on the EOG ids.
+    for n_vocab in (FakeExecutor().info.n_vocab, 4):
+        info = msgspec.structs.replace(FakeExecutor().info, n_vocab=n_vocab, eog_tokens=(0, 2))
+        bulk, one = SimExecutor(info, MODEL), SimExecutor(info, MODEL)
+        owners = [f"r{i}/0" for i in range(12)]
+        seqs = list(range(len(owners)))
+        prompts = StepPlan(slices=tuple(SeqSlice(q, (5, 6), 0, sample=False) for q in seqs))
+        bulk.step(prompts)
+        starts = [2] * len(owners)
+        for steps in (3, 40, 7, 100):
+            got = bulk.decode(seqs, starts, owners, steps)
+            want = [[one.sample(o, 0) for _ in range(steps)] for o in owners]
+            assert got == want
+            assert all(type(t) is int and t not in (0, 2) for row in got for t in row)
+            starts = [s + steps for s in starts]
 
 
 def test_it_satisfies_the_executor_protocol() -> None:

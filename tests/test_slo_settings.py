@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from app.server.assemble import scheduler_config
 from app.server.core import CoreStats
 from app.server.metrics import Metrics
+from app.server.scheduling import scheduler_config
 from app.server.settings import Settings
 from quanta_core.scheduler import PolicyName, QueueBound, SloConfig
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from app.server.core import Core, CoreStats
+from app.server.scheduling import scheduler_config
 from app.server.settings import Settings
 from quanta_core.clock import WallClock
 from quanta_core.engine.llama_cpp.executor import LlamaCppExecutor
@@ -19,7 +20,7 @@ from quanta_core.engine.llama_cpp.grammar import json_object_grammar, json_schem
 from quanta_core.engine.llama_cpp.tokenizer import Tokenizer
 from quanta_core.engine.protocol import Executor
 from quanta_core.predictor import LengthPredictor
-from quanta_core.scheduler import Driver, QueueBound, Scheduler, SchedulerConfig, SloConfig
+from quanta_core.scheduler import Driver, Scheduler
 from quanta_core.scheduler.warmup import warm_up
 from quanta_core.sim.step_trace import StepTracer
 
@@ -32,28 +33,6 @@ class LlamaGrammars:
 
     def json_schema(self, schema: dict[str, Any]) -> str:
         return json_schema_grammar(schema)
-
-
-def scheduler_config(settings: Settings) -> SchedulerConfig:
-    return SchedulerConfig(
-        policy=settings.policy,  # type: ignore[arg-type]  # validated by SchedulerConfig
-        block_size=settings.block_size,
-        max_running=settings.max_running,
-        token_budget=min(settings.token_budget, settings.n_batch),
-        enable_prefix_cache=settings.prefix_cache,
-        prefix_cache_tokens=settings.prefix_cache_tokens,
-        slo=SloConfig(
-            interactive_ttft_s=settings.interactive_ttft_s,
-            interactive_itl_s=settings.interactive_itl_s,
-            batch_deadline_s=settings.batch_deadline_s,
-            batch_aging_s=settings.batch_aging_s,
-            interactive_queue=QueueBound(
-                settings.interactive_queue_requests, settings.interactive_queue_tokens
-            ),
-            batch_queue=QueueBound(settings.batch_queue_requests, settings.batch_queue_tokens),
-            total_queue=QueueBound(settings.queue_requests, settings.queue_tokens),
-        ),
-    )
 
 
 def load_predictor(path: Path) -> LengthPredictor:

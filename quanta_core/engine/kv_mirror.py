@@ -133,9 +133,7 @@ class KvMirror:
                     raise EngineInputError(f"copy into sequence {dst}, which is not empty")
                 self.lengths[dst] = n
             case Truncate(seq=seq, start=start):
-                self._check_seq(seq)
-                if start < 0:
-                    raise EngineInputError(f"truncate of sequence {seq} at {start}")
+                self.check_truncate(op)
                 self._set_length(seq, min(self.n_tokens(seq), start))
             case Stash(seq=seq, key=key):
                 self._check_seq(seq)
@@ -156,6 +154,12 @@ class KvMirror:
                 if key not in self.stash_lengths:
                     raise EngineInputError(f"no stash {key!r}")
                 del self.stash_lengths[key]
+
+    def check_truncate(self, op: Truncate) -> None:
+        """Raise ``EngineInputError`` unless ``op`` is valid (from any state)."""
+        self._check_seq(op.seq)
+        if op.start < 0:
+            raise EngineInputError(f"truncate of sequence {op.seq} at {op.start}")
 
     def _set_length(self, seq: int, n: int) -> None:
         if n:

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from quanta_core.engine.types import CopyPrefix, DropStash, KvOp, Restore, Stash, Truncate
-from quanta_core.kv.block_pool import Block, BlockPool, BlockState, KvIntegrityError
-from quanta_core.kv.prefix_cache import ROOT_HASH, PrefixCache
+from quanta_core.kv.block_pool import Block, BlockKey, BlockPool, BlockState, KvIntegrityError
+from quanta_core.kv.prefix_cache import ROOT_HASH, BlockChain, PrefixCache
 
 
 class SeqRole(Enum):
@@ -320,9 +320,15 @@ class KvManager:
         return Allocation(seq, 0, num_new, 0)
 
     def restore(
-        self, key: str, tokens: Sequence[int], n_stashed: int, budget: int
+        self,
+        key: str,
+        tokens: Sequence[int],
+        n_stashed: int,
+        budget: int,
+        chain: BlockChain | None = None,
     ) -> Allocation | None:
-        """Bring a stash back into fresh blocks of a new sequence id (its cells are new)."""
+        """Bring a stash back into fresh blocks of a new sequence id (its cells are new).
+        ``chain``: ``tokens``' block hashes, as ``commit`` takes them."""
         num_new = min(len(tokens) - n_stashed, budget)
         if num_new <= 0 or cdiv(n_stashed + num_new, self.block_size) > self.num_free_blocks:
             return None
@@ -335,7 +341,7 @@ class KvManager:
         # restore needs their cells (llama.cpp finds the stash's cells when it reads it).
         self._reserve(st, n_stashed + num_new)
         self._ops.append(Restore(seq=seq, key=key))
-        self.commit(seq, tokens, n_stashed)
+        self.commit(seq, tokens, n_stashed, chain=chain)
         return Allocation(seq, n_stashed, num_new, 0)
 
     # ---- growth and release ----
@@ -347,11 +353,13 @@ class KvManager:
     def grow(self, seq: int, num_tokens: int) -> bool:
         """Reserve room for ``num_tokens`` in ``seq``, evicting cached blocks if needed."""
         st = self._seqs[seq]
-        if num_tokens <= len(st.table) * self.block_size:  # the common case: room in the tail
+        bs = self.block_size
+        if num_tokens <= len(st.table) * bs:  # the common case: room in the tail
             if num_tokens > st.num_tokens:
                 st.num_tokens = num_tokens
             return True
-        if not self.can_grow(seq, num_tokens):
+        pool = self.pool
+        if -(-num_tokens // bs) - len(st.table) > len(pool.free) + len(pool.lru):  # can_grow
             return False
         self._reserve(st, num_tokens)
         return True
@@ -363,21 +371,28 @@ class KvManager:
         num_computed: int,
         evicted_after: Mapping[int, int] | None = None,
         step: int = 0,
+        chain: BlockChain | None = None,
     ) -> None:
         """``seq`` now holds ``tokens[:num_computed]``: hash (and cache) its new full blocks.
 
         ``evicted_after`` (a steady run's hashes, taken after its grows): the step at which
         each cache entry was evicted; one evicted after ``step`` still held its hash then,
-        so the new block does not become the entry, as one by one."""
+        so the new block does not become the entry, as one by one. ``chain``: the hashes of
+        ``tokens``' blocks kept with them (the same as hashed here), extended as needed."""
         if not self.enable_prefix_cache:
             return
         st = self._seqs[seq]
         bs = self.block_size
-        if num_computed // bs <= len(st.hashes):
+        n_full = num_computed // bs
+        if n_full <= len(st.hashes):
             return  # no block filled up
         hashes, table, entries = st.hashes, st.table, self.cache.entries
+        if chain is not None:
+            chain.upto(tokens, bs, n_full)
+            self._register(st, chain.hashes, chain.keys, n_full, evicted_after, step)
+            return
         parent = hashes[-1] if hashes else ROOT_HASH
-        for i in range(len(hashes), num_computed // bs):
+        for i in range(len(hashes), n_full):
             key = (parent, tuple(tokens[i * bs : (i + 1) * bs]))  # ``block_key``, inline
             parent = hash(key)
             hashes.append(parent)
@@ -389,6 +404,29 @@ class KvManager:
                 block.hash = parent
                 block.key = key
                 entries[parent] = block
+
+    def _register(
+        self,
+        st: SeqTable,
+        chain_hashes: list[int],
+        chain_keys: list[BlockKey],
+        n_full: int,
+        evicted_after: Mapping[int, int] | None,
+        step: int,
+    ) -> None:
+        """``commit``'s registration of ``st``'s blocks up to ``n_full``, their hashes and keys
+        taken from a chain."""
+        hashes, table, entries = st.hashes, st.table, self.cache.entries
+        for i in range(len(hashes), n_full):
+            h = chain_hashes[i]
+            hashes.append(h)
+            block = table[i]
+            if evicted_after is not None and evicted_after.get(h, 0) > step:
+                continue
+            if block.hash is None and h not in entries:
+                block.hash = h
+                block.key = chain_keys[i]
+                entries[h] = block
 
     def free(self, seq: int, num_computed: int, keep_cache: bool = True) -> None:
         """A running sequence is done: keep its hashed full blocks as a cache holder, or drop it."""
@@ -447,9 +485,12 @@ class KvManager:
     def _reserve(self, st: SeqTable, num_tokens: int) -> None:
         pool, seq, table = self.pool, st.seq, st.table
         free, blocks = pool.free, pool.blocks
-        for depth in range(len(table), -(-num_tokens // self.block_size)):
+        n_blocks = -(-num_tokens // self.block_size)
+        for depth in range(len(table), n_blocks):
             if not free:
-                self._evict_oldest_cached()
+                # As many as are still needed, in one truncation where they are one holder's
+                # tail: block by block would free (and take) the same blocks in this order.
+                self._evict_oldest_cached(up_to=n_blocks - depth)
             block = blocks[free.popleft()]  # ``pool.take_free(depth)``, inline
             block.depth = depth
             # ``_hold(block, seq, active=True)`` of a free block (nobody holds it: not cached),
@@ -475,9 +516,11 @@ class KvManager:
             return
         (holder,) = block.seqs
         depth = block.depth
-        if depth == len(self._seqs[holder].table) - 1:
+        if up_to > 1 and depth == len(self._seqs[holder].table) - 1:
             for b in self.pool.cached_oldest_first(up_to):
-                if b is not block and (b.depth != depth - 1 or b.seqs != {holder}):
+                if b is not block and (
+                    b.depth != depth - 1 or len(b.seqs) != 1 or holder not in b.seqs
+                ):
                     break
                 depth = b.depth
         self._truncate_holder(holder, depth)

@@ -10,6 +10,7 @@ Entries keep their key and a hit compares it, so a hash collision is a miss, nev
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 from quanta_core.kv.block_pool import Block, BlockKey, KvIntegrityError
 
@@ -30,6 +31,28 @@ def chain_hashes(
         parent = hash(block_key(parent, tokens[i * block_size : (i + 1) * block_size]))
         hashes.append(parent)
     return hashes
+
+
+@dataclass(slots=True, eq=False)
+class BlockChain:
+    """The chained hashes and keys of one token list's first full blocks, as far as asked
+    (``upto``). A choice's tokens only grow, so its blocks' hashes never change: a sequence
+    restored from a stash or prefilled again after a preemption takes them from here instead
+    of hashing every block again."""
+
+    hashes: list[int] = field(default_factory=list)
+    keys: list[BlockKey] = field(default_factory=list)
+
+    def upto(self, tokens: Sequence[int], block_size: int, n_blocks: int) -> None:
+        """Hash ``tokens``' blocks up to the first ``n_blocks`` (``tokens`` are the list
+        this chain is of, and hold them)."""
+        hashes, keys, bs = self.hashes, self.keys, block_size
+        parent = hashes[-1] if hashes else ROOT_HASH
+        for i in range(len(hashes), n_blocks):
+            key = (parent, tuple(tokens[i * bs : (i + 1) * bs]))  # ``block_key``, inline
+            parent = hash(key)
+            hashes.append(parent)
+            keys.append(key)
 
 
 class PrefixCache:

@@ -15,6 +15,7 @@ from enum import Enum
 import msgspec
 
 from quanta_core.engine.types import SamplingParams, SeqOutput, TopLogprob
+from quanta_core.kv.prefix_cache import BlockChain
 from quanta_core.requests import (
     ChoiceResult,
     ChoiceTimings,
@@ -83,6 +84,8 @@ class Choice:
     finished: float | None = None
     preempted_at: list[float] = field(default_factory=list)
     resumed_at: list[float] = field(default_factory=list)
+    # its tokens' block hashes, computed once (a restore or recompute hashes nothing again)
+    block_chain: BlockChain = field(default_factory=BlockChain)
     # the waiting queue's lazy-deletion stamp
     queue_stamp: int = 0
     owner: str = ""  # the worker's name for this choice's sampler chain: "request_id/index"

@@ -110,7 +110,8 @@ def grow_and_hash(kv: KvManager, run: DecodeRun, steps: int) -> None:
     for i, seq in enumerate(seqs):
         kv.grow(seq, starts[i] + run.per_step(i) * steps)  # within its blocks: the count alone
     for j, i in hashes:
-        kv.commit(seqs[i], choices[i].tokens, starts[i] + run.per_step(i) * j)
+        r = choices[i]
+        kv.commit(seqs[i], r.tokens, starts[i] + run.per_step(i) * j, chain=r.block_chain)
 
 
 class RunGrowth:
@@ -164,7 +165,8 @@ class RunGrowth:
             if j > steps:
                 break
             end = starts[i] + run.per_step(i) * j
-            kv.commit(seqs[i], choices[i].tokens, end, evicted, j)
+            r = choices[i]
+            kv.commit(seqs[i], r.tokens, end, evicted, j, r.block_chain)
 
 
 def take_tokens(

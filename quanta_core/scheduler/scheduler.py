@@ -97,11 +97,15 @@ class Scheduler:
         *,
         token_events: bool = True,
         predictor: LengthPredictor | None = None,
+        check_token_ids: bool = True,
     ) -> None:
         self.config = config
         # A caller that needs only each choice's end (the simulator: a result carries its
         # tokens and their times) is spared an event per token.
         self.token_events = token_events
+        # Off only where every prompt's ids are in the vocabulary by construction (the
+        # simulator's generated prompts): the check reads every token of every prompt.
+        self.check_token_ids = check_token_ids
         self.info = info
         self.clock = clock
         bs = config.block_size
@@ -378,7 +382,7 @@ class Scheduler:
     def _try_start(self, r: Choice, budget: int, now: float) -> int | None:
         """Give ``r`` a sequence and blocks; return its first chunk's size, or ``None``."""
         if r.stash_key is not None:
-            adm = self.kv.restore(r.stash_key, r.tokens, r.stash_tokens, budget)
+            adm = self.kv.restore(r.stash_key, r.tokens, r.stash_tokens, budget, r.block_chain)
             if adm is None:
                 return None
             self._stash_bytes.pop(r.stash_key, None)
@@ -628,7 +632,7 @@ class Scheduler:
                 continue
             r.restored_key = None
             r.num_computed_tokens = end = s.start_pos + len(s.tokens)
-            kv.commit(s.seq, r.tokens, end)
+            kv.commit(s.seq, r.tokens, end, chain=r.block_chain)
             if r.charged_input < r.prompt_len:  # else all charged: a decode, the common case
                 charged = r.charge_input(s.start_pos, end)
                 if charged:
@@ -736,6 +740,8 @@ class Scheduler:
                 f"holds {self.max_seq_tokens} with the output"
             )
         n_vocab = self.info.n_vocab
+        if not self.check_token_ids:
+            return None
         if min(req.prompt_tokens) < 0 or max(req.prompt_tokens) >= n_vocab:
             bad = [t for t in req.prompt_tokens if not 0 <= t < n_vocab]
             return f"token ids out of the vocabulary: {bad[:5]}"

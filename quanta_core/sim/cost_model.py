@@ -55,7 +55,7 @@ probe's time (``meta.probe``) that ``quanta calibrate --probe-only`` compares ag
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -226,6 +226,37 @@ class CostModel:
                 + self.per_batch_idle * f.batch_idle_m
             )
         return max(0.0, seconds)
+
+    def steady_pricer(self, n_decode: int, chunk: int) -> Callable[[int, int, int], float]:
+        """``pricer(pairs, held, idle)``: ``predict(steady_features(n_decode, chunk, pairs,
+        held, idle))``, the same float operations in the same order, without building the
+        features (a decode run prices each of its steps)."""
+        prefill = chunk if chunk > 1 else 0
+        batch = n_decode + prefill
+        if not batch:
+            return lambda pairs, held, idle: max(0.0, self.per_stash * 0 + self.per_restore * 0)
+        base = self.per_stash * 0 + self.per_restore * 0
+        fixed = (
+            self.per_pass
+            + (self.per_batched_pass if batch > 1 else 0.0)
+            + self.per_decode * n_decode
+            + self.per_prefill * prefill
+        )
+        attended, batch_kv, kv_held = self.per_attended, self.per_batch_kv, self.per_kv_held
+        idle_kv, batch_idle = self.per_idle_kv, self.per_batch_idle
+
+        def pricer(pairs: int, held: int, idle: int) -> float:
+            seconds = base + (
+                fixed
+                + attended * (pairs / 1000.0)
+                + batch_kv * (batch * held / 1e6)
+                + kv_held * (held / 1000.0)
+                + idle_kv * (idle / 1000.0)
+                + batch_idle * (batch * idle / 1e6)
+            )
+            return max(0.0, seconds)
+
+        return pricer
 
     def scaled(self, factor: float) -> CostModel:
         """This model with every step ``factor`` times as long (``meta["speed_factor"]``).

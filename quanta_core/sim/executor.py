@@ -22,6 +22,8 @@ from __future__ import annotations
 import zlib
 from collections.abc import Callable, Generator, Sequence
 
+import numpy as np
+
 from quanta_core.engine.errors import EngineInputError
 from quanta_core.engine.kv_mirror import KvMirror
 from quanta_core.engine.types import (
@@ -37,9 +39,13 @@ from quanta_core.engine.types import (
     StepTimings,
     Truncate,
 )
-from quanta_core.sim.cost_model import CostModel, features_of, steady_features
+from quanta_core.sim.cost_model import CostModel, features_of
+from quanta_core.sim.prompts import int_objects
 
 _MIX = 2654435761  # Knuth's multiplicative hash: spreads k over 32 bits
+# A decode run samples its tokens in one array pass from this many on (below, numpy's
+# set-up costs more than the loop it replaces).
+_ARRAY_TOKENS = 256
 
 
 class SimExecutor:
@@ -55,6 +61,7 @@ class SimExecutor:
         self._samplers: dict[str, tuple[int, int]] = {}  # owner -> (seed, tokens sampled)
         self._eog = frozenset(info.eog_tokens)
         self._span = info.n_vocab - 1  # tokens 1 .. n_vocab - 1
+        self._eog_sampled = sorted(t for t in self._eog if 1 <= t <= self._span)  # can be hit
 
     @property
     def info(self) -> EngineInfo:
@@ -103,15 +110,16 @@ class SimExecutor:
         lengths = self._mirror.lengths
         held = sum(lengths.get(seq, 0) for seq in seqs)
         idle = sum(lengths.values()) - held  # cells of the sequences outside the batch
-        predict = self.cost_model.predict
         if chunk == 1:
             n = len(seqs)
+            price = self.cost_model.steady_pricer(n, 1)  # predict(steady_features(...))
             while True:
                 held += n  # each slice's own attention: its start + 1 pairs, as its cells
-                dropped = yield predict(steady_features(n, 1, held, held, idle))
+                dropped = yield price(held, held, idle)
                 if dropped:
                     idle -= dropped
         n = len(seqs) - 1
+        price = self.cost_model.steady_pricer(n, chunk)
         start = lengths.get(seqs[-1], 0)  # the prompt's
         decoded = held - start  # the decoding sequences' cells before the step
         tail = chunk * (chunk + 1) // 2
@@ -119,7 +127,7 @@ class SimExecutor:
             decoded += n
             pairs = decoded + chunk * start + tail  # attended_pairs(start, chunk)
             start += chunk
-            dropped = yield predict(steady_features(n, chunk, pairs, decoded + start, idle))
+            dropped = yield price(pairs, decoded + start, idle)
             if dropped:
                 idle -= dropped
 
@@ -129,11 +137,23 @@ class SimExecutor:
         if not ops:
             return 0
         mirror = self._mirror
-        if any(type(op) is not Truncate for op in ops):
+        cuts = [op for op in ops if type(op) is Truncate]
+        if len(cuts) != len(ops):
             raise EngineInputError(f"a steady step's ops are truncations only, not {ops}")
-        before = sum(mirror.lengths.values())
-        mirror.adopt(mirror.after(StepPlan(kv_ops=tuple(ops), slices=(), release=())))
-        return before - sum(mirror.lengths.values())
+        # Checked first, then applied in place: a truncation's checks do not depend on the
+        # state, so none can fail half-way.
+        for op in cuts:
+            mirror.check_truncate(op)
+        lengths, dropped = mirror.lengths, 0
+        for op in cuts:
+            held = lengths.get(op.seq, 0)
+            if op.start < held:
+                dropped += held - op.start
+                if op.start:
+                    lengths[op.seq] = op.start
+                else:
+                    del lengths[op.seq]
+        return dropped
 
     def decode(
         self,
@@ -157,13 +177,40 @@ class SimExecutor:
                 raise EngineInputError(f"sequence {seq}: {steps} steps from {start} do not fit")
         for seq, n in zip(seqs, per_step, strict=True):
             lengths[seq] += n * steps
+        if len(owners) * steps >= _ARRAY_TOKENS:
+            return self._sample_runs(owners, steps)
         return [self._sample_run(owner, steps) for owner in owners]
 
-    def _sample_run(self, owner: str, steps: int) -> list[int]:
-        """``sample`` ``steps`` times (no replay: a decode run's samplers exist or start)."""
+    def _advance(self, owner: str, steps: int) -> tuple[int, int]:
+        """``owner``'s sampler seed and tokens sampled so far, then ``steps`` more counted
+        (no replay: a decode run's samplers exist or start)."""
         state = self._samplers.get(owner)
         seed, k = state if state is not None else (zlib.crc32(owner.encode()), 0)
         self._samplers[owner] = (seed, k + steps)
+        return seed, k
+
+    def _sample_runs(self, owners: Sequence[str], steps: int) -> list[list[int]]:
+        """``_sample_run`` of every owner, in one array pass: the same integer arithmetic
+        (every value fits in 64 bits: seed < 2³², k < 2³¹), the same end-of-generation
+        skips."""
+        seeds, firsts = zip(*(self._advance(owner, steps) for owner in owners), strict=True)
+        k = np.asarray(firsts, dtype=np.int64)[:, None] + np.arange(steps, dtype=np.int64)
+        seed = np.asarray(seeds, dtype=np.int64)[:, None]
+        span = self._span
+        tokens = 1 + ((seed + k * _MIX) & 0xFFFFFFFF) % span
+        while True:  # ``while token in eog: token = token % span + 1``, token by token
+            hit = None
+            for e in self._eog_sampled:
+                hit = tokens == e if hit is None else hit | (tokens == e)
+            if hit is None or not hit.any():
+                break
+            tokens[hit] = tokens[hit] % span + 1
+        sampled: list[list[int]] = int_objects(span + 1)[tokens].tolist()
+        return sampled
+
+    def _sample_run(self, owner: str, steps: int) -> list[int]:
+        """``sample`` ``steps`` times (no replay: a decode run's samplers exist or start)."""
+        seed, k = self._advance(owner, steps)
         span = self._span
         tokens = [1 + ((seed + i * _MIX) & 0xFFFFFFFF) % span for i in range(k, k + steps)]
         eog = self._eog

@@ -16,6 +16,7 @@ a request's first own tokens spell its index, so no two requests share a block b
 
 from __future__ import annotations
 
+import functools
 import zlib
 
 import numpy as np
@@ -34,14 +35,30 @@ def _span(n_vocab: int) -> tuple[int, int]:
     return low, high - low
 
 
+@functools.cache
+def int_objects(high: int) -> np.ndarray:
+    """The Python ints 0 .. ``high`` - 1, as an array of the objects: indexed by a stream's
+    values, it hands out the same few thousand int objects to every prompt instead of a new
+    one per token (a trace's prompts hold millions of tokens)."""
+    return np.arange(high).astype(object)
+
+
 def _stream(seed: int, n: int, low: int, span: int) -> list[int]:
     """``low + (seed + 7919 k + k² mod 104729) mod span`` for k < n, in numpy: a simulation
     makes millions of these (the values fit in 64 bits: seed < 2³², k < 2³¹)."""
     if n <= 0:
         return []  # most workloads have no tenant prefix: spare numpy's set-up for nothing
     k = np.arange(n, dtype=np.int64)
-    values: list[int] = (low + (seed + 7919 * k + (k * k) % 104729) % span).tolist()
-    return values
+    values = low + (seed + 7919 * k + (k * k) % 104729) % span
+    tokens: list[int] = int_objects(low + span)[values].tolist()
+    return tokens
+
+
+def always_in_vocabulary(n_vocab: int) -> bool:
+    """Whether every id ``prompt_ids`` can make for ``n_vocab`` is in the vocabulary
+    (all of them lie in the span, the chat template's head from its start)."""
+    low, span = _span(n_vocab)
+    return span > 0 and max(low + span, low + CHAT_HEAD_TOKENS) <= n_vocab
 
 
 def prompt_ids(

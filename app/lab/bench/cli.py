@@ -8,12 +8,11 @@ quanta bench compare bench/results/a.json bench/results/b.json
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import signal
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import httpx
 import typer
@@ -25,16 +24,13 @@ from app.lab.bench.compare import print_comparison
 from app.lab.bench.report import build_result, environment, load_result, records_of, write_result
 from app.lab.bench.runner import RunOptions, run_plan
 from app.lab.bench.table import print_result
+from app.lab.bench.workloads import apply_overrides, make_plan, resolve_workload
 from quanta_core.metrics import RequestRecord, summarize
 from quanta_core.workload import (
     Endpoint,
     PlannedRequest,
     WorkloadError,
     WorkloadSpec,
-    build_plan,
-    load_workload,
-    preset,
-    read_trace,
 )
 
 bench_cli = typer.Typer(help="Measure a running OpenAI-compatible server.", no_args_is_help=True)
@@ -49,27 +45,6 @@ def discover_model(url: str, api_key: str | None) -> str:
         return str(response.json()["data"][0]["id"])
     except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
         return "default"
-
-
-def resolve_workload(workload: Path | None, preset_name: str | None) -> WorkloadSpec:
-    if workload is not None and preset_name is not None:
-        raise WorkloadError("give --workload or --preset, not both")
-    if workload is not None:
-        return load_workload(workload)
-    return preset(preset_name or "twenty-at-once")
-
-
-def apply_overrides(spec: WorkloadSpec, overrides: dict[str, Any]) -> WorkloadSpec:
-    given = {k: v for k, v in overrides.items() if v is not None}
-    if spec.trace is not None and "requests" in given:
-        # A trace replay is bounded by its limit, not by a request count.
-        given["trace"] = dataclasses.replace(spec.trace, limit=given.pop("requests"))
-    return dataclasses.replace(spec, **given) if given else spec
-
-
-def make_plan(spec: WorkloadSpec) -> list[PlannedRequest]:
-    rows = read_trace(spec.trace.path) if spec.trace is not None else None
-    return build_plan(spec, rows)
 
 
 async def measure(

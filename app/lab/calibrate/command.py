@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
-import re
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -35,6 +33,7 @@ from rich.table import Table
 
 from app.lab.bench.report import package_version
 from app.lab.calibrate.grid import FULL, GPU, QUICK, GridRunner, Point, build_grid, visit_order
+from app.lab.calibrate.machine import cpu_model, machine_slug
 from app.lab.calibrate.probe import (
     PARTS,
     ProbeResult,
@@ -67,31 +66,6 @@ console = Console()
 
 
 # ---- where the file goes ----
-
-
-def _slug(text: str) -> str:
-    text = re.sub(r"\((r|tm)\)|\bcpu\b|@.*$", " ", text.lower())
-    return re.sub(r"[^a-z0-9]+", "-", text).strip("-")[:40] or "cpu"
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "cpu"
-
-
-def machine_slug(threads: int) -> str:
-    """``<cpus>cpu-<cpu model>``, e.g. ``2cpu-amd-epyc``; ``-<n>t`` when threads != cpus.
-
-    Not the hostname: containers and VMs rename themselves, the CPU stays.
-    """
-    cpus = os.cpu_count() or 1
-    name = f"{cpus}cpu-{_slug(cpu_model())}"
-    return name if threads == cpus else f"{name}-{threads}t"
 
 
 def default_out(model_stem: str, machine: str) -> Path:
@@ -170,7 +144,7 @@ def measure(
     """Start the engine, run the grid (the reference probe and, with ``served``, the served
     phase's segments between), stop the engine."""
     # The llama.cpp side is imported here only: --refit and the tests of the fit never need it.
-    from app.server.assemble import scheduler_config
+    from app.server.scheduling import scheduler_config
     from quanta_core.engine.llama_cpp.executor import LlamaCppExecutor
 
     spec = QUICK if quick else GPU if settings.n_gpu_layers != 0 else FULL

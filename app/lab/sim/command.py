@@ -39,12 +39,12 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 
-from app.lab.bench.cli import apply_overrides, make_plan, resolve_workload
 from app.lab.bench.report import build_result, git_commit, package_version, write_result
 from app.lab.bench.table import print_result
-from app.lab.calibrate.command import machine_slug
+from app.lab.bench.workloads import apply_overrides, make_plan, resolve_workload
+from app.lab.calibrate.machine import machine_slug
 from app.lab.calibrate.probe import load_probe_total, speed_factor
-from app.server.assemble import scheduler_config
+from app.server.scheduling import scheduler_config
 from app.server.settings import ModelNotFoundError, Settings
 from quanta_core.engine.config import EngineConfig
 from quanta_core.engine.types import EngineInfo

@@ -30,7 +30,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from app.lab.bench.cli import make_plan, resolve_workload
+from app.lab.bench.workloads import make_plan, resolve_workload
 from app.lab.sim.command import (
     CostModelMissing,
     default_cost_model_path,

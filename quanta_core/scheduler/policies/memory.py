@@ -46,20 +46,26 @@ class KvDemand:
     remaining: int
 
 
-def _blocks(cells: int, block_size: int) -> int:
-    return -(-cells // block_size)
-
-
 def peak_blocks(demands: Sequence[KvDemand], block_size: int) -> int:
     """The most blocks ``demands`` hold at once from now until the last of them ends."""
+    return _peak([(d.held, d.remaining) for d in demands], block_size)
+
+
+def _peak(demands: list[tuple[int, int]], block_size: int) -> int:
+    """``peak_blocks`` of ``(held, remaining)`` pairs. Sorted by ``remaining``, longest first,
+    the sequences still running at ``t`` are a prefix: each time's sum stops at the first
+    that has ended. (The gate asks this every step: plain tuples, the ceiling inline.)"""
+    demands.sort(key=lambda d: d[1], reverse=True)
+    bs = block_size
     peak = 0
-    times = {0, *(d.remaining for d in demands)}
-    for t in times:
+    for t in {0, *(rem for _, rem in demands)}:
         used = 0
-        for d in demands:
-            if d.remaining >= t:
-                used += _blocks(d.held + t, block_size)
-        peak = max(peak, used)
+        for held, rem in demands:
+            if rem < t:
+                break
+            used -= (-held - t) // bs  # ceil((held + t) / bs)
+        if used > peak:
+            peak = used
     return peak
 
 
@@ -109,8 +115,10 @@ class MemoryGate:
             return True
         if self.capacity_blocks <= 0:
             raise RuntimeError("MemoryGate.admits before set_pool")
-        demands = [self.demand(o) for o in running]
-        ok = fits(demands, self.demand(r), self.capacity_blocks, self.block_size)
+        remaining = self.remaining
+        demands = [(len(o.tokens), remaining(o)) for o in running]  # ``demand``, as pairs
+        demands.append((len(r.tokens), remaining(r)))
+        ok = _peak(demands, self.block_size) <= self.capacity_blocks
         if not ok:
             self.holds += 1
         return ok
