@@ -19,7 +19,7 @@ from quanta_core.engine.llama_cpp.grammar import json_object_grammar, json_schem
 from quanta_core.engine.llama_cpp.tokenizer import Tokenizer
 from quanta_core.engine.protocol import Executor
 from quanta_core.predictor import LengthPredictor
-from quanta_core.scheduler import Driver, QueueBound, Scheduler, SchedulerConfig, SloConfig
+from quanta_core.scheduler import Driver, Scheduler, SchedulerConfig, SloConfig
 from quanta_core.scheduler.warmup import warm_up
 from quanta_core.sim.step_trace import StepTracer
 
@@ -35,6 +35,7 @@ class LlamaGrammars:
 
 
 def scheduler_config(settings: Settings) -> SchedulerConfig:
+    interactive, batch, total = settings.queue_bounds()
     return SchedulerConfig(
         policy=settings.policy,  # type: ignore[arg-type]  # validated by SchedulerConfig
         block_size=settings.block_size,
@@ -47,11 +48,9 @@ def scheduler_config(settings: Settings) -> SchedulerConfig:
             interactive_itl_s=settings.interactive_itl_s,
             batch_deadline_s=settings.batch_deadline_s,
             batch_aging_s=settings.batch_aging_s,
-            interactive_queue=QueueBound(
-                settings.interactive_queue_requests, settings.interactive_queue_tokens
-            ),
-            batch_queue=QueueBound(settings.batch_queue_requests, settings.batch_queue_tokens),
-            total_queue=QueueBound(settings.queue_requests, settings.queue_tokens),
+            interactive_queue=interactive,
+            batch_queue=batch,
+            total_queue=total,
         ),
     )
 
