@@ -416,9 +416,8 @@ def cmd_serve(args: argparse.Namespace) -> dict[str, Any]:
         keep("engine", engine_decode(args.model, streams, steps))
     # Quanta's default on a GPU overlaps the streams' writes with the next step; the same
     # run with the overlap off is the server as it was.
-    # The policy admits every stream (--serve-policy, default fcfs): Quanta's default policy
-    # refuses what it projects past its first-token target, and a refused stream is not
-    # served at that size (bench/results/gpu/README.md: 69 of 256 ran under it).
+    # Quanta's default policy unless --serve-policy says otherwise; a refused stream is not
+    # served at that size, so each row records how many completed.
     policy = {"QUANTA_POLICY": args.serve_policy}
     if "served" in parts:
         keep("served", served(args.model, streams, args.tokens, args.out, policy))
@@ -677,7 +676,7 @@ def main() -> int:
         "--parts", nargs="+", default=["raw", "engine", "served", "plain"],
         help="serve: raw, engine (the worker in-process), served, plain (served, no overlap)",
     )  # fmt: skip
-    parser.add_argument("--serve-policy", default="fcfs", help="serve: the server's policy")
+    parser.add_argument("--serve-policy", default="quanta", help="serve: the server's policy")
     parser.add_argument("--llama-server-only", action="store_true", help="llama: skip Quanta")
     parser.add_argument("--tag", default="", help="results file: BENCH-TAG.json")
     args = parser.parse_args()

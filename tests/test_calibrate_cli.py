@@ -13,6 +13,7 @@ import typer
 from typer.testing import CliRunner
 
 from app.lab.calibrate import command as cal
+from app.lab.calibrate import grid as grid_module
 from app.lab.calibrate import machine, probe, served
 from app.lab.calibrate.command import calibrate
 from app.lab.calibrate.grid import (
@@ -25,7 +26,7 @@ from app.lab.calibrate.grid import (
     build_grid,
     visit_order,
 )
-from quanta_core.engine import StepPlan
+from quanta_core.engine import Restore, Stash, StepPlan
 from quanta_core.engine.fake import FakeExecutor
 from quanta_core.scheduler.config import SchedulerConfig
 from quanta_core.sim.cost_model import CostModel, StepFeatures
@@ -167,6 +168,21 @@ def test_only_the_points_own_sequences_hold_kv_while_it_runs() -> None:
         *[("prefill 16 at 256", 256, 0.0)] * 2,
         *[("decode 2 at 64", 128, 0.0)] * 2,
     ]
+    assert ex.memory_stats().n_stashes == 0
+
+
+def test_kv_copies_go_in_plans_under_the_wires_frame_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # 16 sequences of 64 tokens at the fake's 1 KiB a token: 64 KiB each, so with the bound at
+    # 200 KiB a plan copies at most 3 of them (the fill's 16 stashes in 6 plans).
+    monkeypatch.setattr(grid_module, "KV_COPY_BYTES", 200 * 1024)
+    ex = FakeExecutor(n_ctx=8192, n_seq_max=64, n_batch=512)
+    runner = GridRunner(ex)
+    runner.run([Point(Kind.DECODE, 16, 64)])
+    copies = [sum(isinstance(op, Stash | Restore) for op in plan.kv_ops) for plan in ex.steps]
+    assert max(copies) == 3
+    assert sum(copies) == 16 + 16 + 16  # stashed after the fill, restored, stashed back
     assert ex.memory_stats().n_stashes == 0
 
 

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import pytest
+
 from app.server.core import CoreStats
 from app.server.metrics import Metrics
 from app.server.scheduling import scheduler_config
 from app.server.settings import Settings
+from quanta_core.engine.fake import FakeExecutor
+from quanta_core.requests import FinishReason, SloClass
 from quanta_core.scheduler import PolicyName, QueueBound, SloConfig
+from tests.scheduler_harness import Harness, prompt
 
 
 def test_settings_default_to_the_core_defaults_and_pass_through() -> None:
@@ -46,3 +51,42 @@ def test_counters_and_queues_are_exposed_per_tenant_and_class() -> None:
     assert 'quanta:tenant_virtual_tokens{class="interactive",tenant="acme"} 12.5' in text
     assert 'quanta:tenant_requests_waiting{class="batch",tenant="etl"} 2.0' in text
     assert 'quanta:tenant_requests_running{class="interactive",tenant="acme"} 2.0' in text
+
+
+def test_unset_queue_bounds_scale_with_the_running_slots() -> None:
+    cpu = scheduler_config(Settings(_env_file=None)).slo  # type: ignore[call-arg]
+    gpu = scheduler_config(Settings(_env_file=None, n_seq_max=256)).slo  # type: ignore[call-arg]
+    assert gpu.interactive_queue == QueueBound(
+        4 * cpu.interactive_queue.max_requests, 4 * cpu.interactive_queue.max_tokens
+    )
+    assert gpu.batch_queue.max_requests == 4 * cpu.batch_queue.max_requests
+    assert gpu.total_queue.max_tokens == 4 * cpu.total_queue.max_tokens
+    capped = scheduler_config(
+        Settings(_env_file=None, n_seq_max=256, max_running=128, queue_requests=300)  # type: ignore[call-arg]
+    ).slo
+    assert capped.interactive_queue.max_requests == 2 * cpu.interactive_queue.max_requests
+    assert capped.total_queue == QueueBound(300, 2 * cpu.total_queue.max_tokens)  # as set
+
+
+@pytest.mark.parametrize(("n_seq_max", "admitted"), [(64, 64), (256, 256)])
+def test_a_crowd_the_size_of_the_running_set_waits_instead_of_being_refused(
+    n_seq_max: int, admitted: int
+) -> None:
+    # 256 people at once, before any step: each waits in the interactive queue for its first
+    # step. A 256-slot engine runs them all at once, so its default queue holds them all; a
+    # 64-slot one keeps the bound it was sized for and refuses the rest.
+    settings = Settings(_env_file=None, n_seq_max=n_seq_max)  # type: ignore[call-arg]
+    config = scheduler_config(settings)
+    h = Harness.make(
+        FakeExecutor(n_ctx=256 * 64, n_seq_max=n_seq_max),
+        policy=config.policy,
+        max_running=config.max_running,
+        slo=config.slo,
+    )
+    for k in range(256):
+        h.submit(f"p{k}", prompt(16, base=100 + k), max_tokens=8, slo_class=SloClass.INTERACTIVE)
+    refused = [r for r in h.results().values() if r.finish_reason is FinishReason.REJECTED]
+    assert 256 - len(refused) == admitted
+    h.run()
+    done = [r for r in h.results().values() if r.finish_reason is FinishReason.LENGTH]
+    assert len(done) == admitted

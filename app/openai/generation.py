@@ -143,6 +143,10 @@ class Generation:
 
     def outcome(self) -> Outcome:
         """What was served (written to the client), for the quotas and the usage ledger."""
+        if not self._results and not self._refused:
+            # Streaming, no choice ended: only the tokens sent move. The journal asks this
+            # before every write of every stream, so it is kept to one small object.
+            return Outcome("cancelled", self.prompt_tokens, 0, self._sent, None, None)
         usage = self.usage()
         reasons = {r.finish_reason for r in self._results.values()}
         if self._refused or FinishReason.REJECTED in reasons:

@@ -6,10 +6,11 @@ imports llama.cpp).
 from __future__ import annotations
 
 from app.server.settings import Settings
-from quanta_core.scheduler import QueueBound, SchedulerConfig, SloConfig
+from quanta_core.scheduler import SchedulerConfig, SloConfig
 
 
 def scheduler_config(settings: Settings) -> SchedulerConfig:
+    interactive, batch, total = settings.queue_bounds()
     return SchedulerConfig(
         policy=settings.policy,  # type: ignore[arg-type]  # validated by SchedulerConfig
         block_size=settings.block_size,
@@ -22,10 +23,8 @@ def scheduler_config(settings: Settings) -> SchedulerConfig:
             interactive_itl_s=settings.interactive_itl_s,
             batch_deadline_s=settings.batch_deadline_s,
             batch_aging_s=settings.batch_aging_s,
-            interactive_queue=QueueBound(
-                settings.interactive_queue_requests, settings.interactive_queue_tokens
-            ),
-            batch_queue=QueueBound(settings.batch_queue_requests, settings.batch_queue_tokens),
-            total_queue=QueueBound(settings.queue_requests, settings.queue_tokens),
+            interactive_queue=interactive,
+            batch_queue=batch,
+            total_queue=total,
         ),
     )

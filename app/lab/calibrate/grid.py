@@ -192,6 +192,12 @@ class Watcher(Protocol):
     def visited(self, point: Point) -> None: ...  # a visit ended
 
 
+# A stash's KV comes back in its step's reply and a restore's goes out in its call, each one
+# frame of the worker's wire (under its 2 GiB MAX_FRAME): the GPU grid's fill of 256 x 64
+# tokens of an 8B model (128 KiB a token) is 2 GiB, so copies go in plans of at most this.
+KV_COPY_BYTES = 1 << 29
+
+
 class GridRunner:
     """Runs grid points on an executor and records every timed step as a ``Sample``."""
 
@@ -251,14 +257,14 @@ class GridRunner:
             if watcher is not None:
                 watcher.starting(f"fill idle {idle}")
             self._fill(range(self._idle_seq, self._idle_seq + 1), idle)
-            self._untimed(StepPlan(kv_ops=(Stash(self._idle_seq, _key(idle, self._idle_seq)),)))
+            self._copy_kv([(Stash(self._idle_seq, _key(idle, self._idle_seq)), idle)])
             self._idle_filled.add(idle)
         for context, n in sorted(need.items()):
             if watcher is not None:
                 watcher.starting(f"fill {n} x {context}")
             seqs = range(self._filled.get(context, 0), n)
             self._fill(seqs, context)
-            self._untimed(StepPlan(kv_ops=tuple(Stash(s, _key(context, s)) for s in seqs)))
+            self._copy_kv([(Stash(s, _key(context, s)), context) for s in seqs])
             self._filled[context] = n
 
     def run_once(self, p: Point, warmup: bool) -> None:
@@ -293,11 +299,24 @@ class GridRunner:
             want[self._idle_seq] = idle
         away = [s for s, c in self._held.items() if want.get(s) != c]
         back = [s for s in want if self._held.get(s) != want[s]]
-        if away:
-            self._untimed(StepPlan(kv_ops=tuple(Stash(s, _key(self._held[s], s)) for s in away)))
-        if back:
-            self._untimed(StepPlan(kv_ops=tuple(Restore(s, _key(want[s], s)) for s in back)))
+        self._copy_kv([(Stash(s, _key(self._held[s], s)), self._held[s]) for s in away])
+        self._copy_kv([(Restore(s, _key(want[s], s)), want[s]) for s in back])
         self._held = want
+
+    def _copy_kv(self, ops: Sequence[tuple[Stash | Restore, int]]) -> None:
+        """Run stashes or restores (each with its tokens), untimed, in as few plans as keep
+        each plan's KV within ``KV_COPY_BYTES``."""
+        per_token = max(self.ex.info.kv_bytes_per_token, 1)
+        part: list[Stash | Restore] = []
+        size = 0
+        for op, tokens in ops:
+            if part and size + tokens * per_token > KV_COPY_BYTES:
+                self._untimed(StepPlan(kv_ops=tuple(part)))
+                part, size = [], 0
+            part.append(op)
+            size += tokens * per_token
+        if part:
+            self._untimed(StepPlan(kv_ops=tuple(part)))
 
     def release(self) -> None:
         """Drop every held sequence, stash and sampler: the engine as it was found."""
