@@ -95,6 +95,7 @@ class LedgerWriter:
         self.failing_since: float | None = None  # the first failed flush of an outage
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
         self._lock = asyncio.Lock()
 
     def ahead(self, total: UsageRow) -> None:
@@ -134,20 +135,26 @@ class LedgerWriter:
         self._task = asyncio.create_task(self._run())
 
     async def stop(self) -> None:
+        """Flush what is left. A flush under way is let finish, never cancelled: cancelled
+        in its transaction, its rows would be neither restored (the commit may have gone
+        through in the driver's thread) nor known written, and the journal segment that
+        holds them is discarded by the next flush."""
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            self._stopping = True
+            self._wake.set()
+            await self._task
             self._task = None
         await self.flush()
         if self._journal is not None:
             self._journal.close()
 
     async def _run(self) -> None:
-        while True:
+        while not self._stopping:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self._every_s)
             self._wake.clear()
+            if self._stopping:
+                return
             try:
                 await self.flush()
             except Exception:
