@@ -62,7 +62,7 @@ async def require_admin(
 
 
 class RequestGate:
-    """One request's way through its quotas (made by ``provide_context``)."""
+    """One request's way through its quotas (made by ``request_context``)."""
 
     def __init__(
         self, tenancy: Tenancy, principal: Principal, scope: Scope, request_id: str
