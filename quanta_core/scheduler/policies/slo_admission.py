@@ -148,12 +148,17 @@ class SloAdmission:
         ordered = [job(r, self.promises.get(r)) for r in queued if r not in self._unpromised()]
         own = self.bookings.claim(x) if self.bookings is not None else None
         if self.bookings is not None:
+            # One job per size: under a flood the bookings number hundreds, of a few sizes,
+            # and pricing each on the cost model made every decision cost milliseconds.
+            sized: dict[tuple[int, int], Job] = {}
             for b in self.bookings.ahead_of(own, now):
-                ordered.append(
-                    self.est.job_of(
+                booked = sized.get((b.prompt_len, b.max_tokens))
+                if booked is None:
+                    booked = self.est.job_of(
                         b.prompt_len, b.max_tokens, decode_s, streams, base.token_budget
                     )
-                )
+                    sized[(b.prompt_len, b.max_tokens)] = booked
+                ordered.append(booked)
         if over:
             ordered += [job(x, None)] * len(self._tenants_below(x, running))
         mine = job(x, now + target + self.ttft_grace_s)
