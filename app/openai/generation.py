@@ -8,9 +8,13 @@ A stop string ends its choice at once for the client; the core's request is canc
 every choice has stopped or finished (the core cancels a request, not a choice). Leaving the
 iteration early (a client gone, an error) cancels the request and frees its KV.
 
-What it was served is what was written to its client: the writer calls ``mark_sent()``
-just before each write (a stream's event, the whole response), and ``outcome()`` counts
-the output tokens released up to the last one (``on_sent`` hears of each).
+What it was served is what reached its client:
+
+    mark_sent()        just before a write (a stream's event, the whole response): the
+                       tokens released so far are under way (``on_sent`` journals them)
+    written(reached)   the write is done: it reached the client, or it did not (its send
+                       failed, or the connection was gone), and it is not charged
+    outcome()          counts the output tokens of the writes that reached the client
 """
 
 from __future__ import annotations
@@ -75,7 +79,8 @@ class Generation:
         self._handle: Handle | None = None
         self._refused = False
         self._cancelled = False
-        self._sent = 0  # output tokens in what was written to the client
+        self._sent = 0  # output tokens in the writes that reached the client
+        self._sending = 0  # ... and in the write under way
         self.on_sent: Callable[[], None] | None = None
         self._request = GenerationRequest(
             request_id=ctx.request_id,
@@ -129,9 +134,21 @@ class Generation:
 
     def mark_sent(self) -> None:
         """Everything released so far is being written to the client now."""
-        self._sent = sum(self._sent_tokens(i) for i in range(len(self._choices)))
+        self._sending = sum(self._sent_tokens(i) for i in range(len(self._choices)))
         if self.on_sent is not None:
             self.on_sent()
+
+    @property
+    def writing(self) -> bool:
+        """A write was announced (``mark_sent``) and is not yet known to have ended."""
+        return self._sending != self._sent
+
+    def written(self, reached: bool) -> None:
+        """The write under way ended: its tokens reached the client, or none of them did."""
+        if reached:
+            self._sent = self._sending
+        else:
+            self._sending = self._sent
 
     def _sent_tokens(self, index: int) -> int:
         """A choice's output tokens the client has: all of them once it ended whole (its
@@ -141,12 +158,14 @@ class Generation:
             return self._completion_tokens(index)
         return choice.released
 
-    def outcome(self) -> Outcome:
-        """What was served (written to the client), for the quotas and the usage ledger."""
+    def outcome(self, ahead: bool = False) -> Outcome:
+        """What was served (the writes that reached the client), for the quotas and the
+        usage ledger; ``ahead``: with the write under way (the journal's row before it)."""
+        sent = self._sending if ahead else self._sent
         if not self._results and not self._refused:
             # Streaming, no choice ended: only the tokens sent move. The journal asks this
             # before every write of every stream, so it is kept to one small object.
-            return Outcome("cancelled", self.prompt_tokens, 0, self._sent, None, None)
+            return Outcome("cancelled", self.prompt_tokens, 0, sent, None, None)
         usage = self.usage()
         reasons = {r.finish_reason for r in self._results.values()}
         if self._refused or FinishReason.REJECTED in reasons:
@@ -162,7 +181,7 @@ class Generation:
             status,
             usage.prompt_tokens,
             usage.prompt_tokens_details.cached_tokens,
-            self._sent,
+            sent,
             min(queue, default=None),
             min(ttft, default=None),
         )

@@ -25,16 +25,21 @@ from app.openai.schemas import (
     ModelList,
 )
 from app.openai.service import CompletionService
-from app.server.context import RequestContext, provide_context
-from app.server.metrics import Metrics
+from app.server.context import request_context
 from app.server.state import ServerState
 from app.tenancy.gate import ApiKeyAuthentication
+from app.tenancy.service import Principal
 
 
-def provide_completions(
-    server: NamedDependency[ServerState], metrics: NamedDependency[Metrics]
-) -> CompletionService:
-    return CompletionService(server, metrics)
+def completions_of(request: Request[Any, Any, Any]) -> CompletionService:
+    """The app's one ``CompletionService`` (made by ``create_app``).
+
+    A handler here has this one dependency, and makes its ``RequestContext`` itself: litestar
+    resolves the dependencies of one level concurrently, in an anyio task group of a task
+    each, which cost a refused request more than its refusal (under overload, refusals are
+    most of the requests)."""
+    service: CompletionService = request.app.state["completions"]
+    return service
 
 
 def provide_models(server: NamedDependency[ServerState]) -> ModelService:
@@ -45,12 +50,7 @@ class CompletionsController(Controller):
     path = "/v1"
     tags = ("OpenAI",)
     middleware = [ApiKeyAuthentication]  # noqa: RUF012
-    dependencies = MappingProxyType(
-        {
-            "ctx": Provide(provide_context),
-            "completions": Provide(provide_completions, sync_to_thread=False),
-        }
-    )
+    dependencies = MappingProxyType({"completions": Provide(completions_of, sync_to_thread=False)})
 
     @post(
         "/chat/completions",
@@ -63,10 +63,9 @@ class CompletionsController(Controller):
         self,
         data: JSONBody[ChatCompletionRequest],
         completions: NamedDependency[CompletionService],
-        ctx: NamedDependency[RequestContext],
-        request: Request[Any, Any, Any],
+        request: Request[Principal, str, Any],
     ) -> Response[ChatCompletion]:
-        return await completions.chat(data, ctx, request.receive)
+        return await completions.chat(data, request_context(request), request.receive)
 
     @post(
         "/completions",
@@ -79,10 +78,9 @@ class CompletionsController(Controller):
         self,
         data: JSONBody[CompletionRequest],
         completions: NamedDependency[CompletionService],
-        ctx: NamedDependency[RequestContext],
-        request: Request[Any, Any, Any],
+        request: Request[Principal, str, Any],
     ) -> Response[Completion]:
-        return await completions.complete(data, ctx, request.receive)
+        return await completions.complete(data, request_context(request), request.receive)
 
 
 class ModelsController(Controller):

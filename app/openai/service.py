@@ -66,7 +66,7 @@ class CompletionService:
         logprobs = plan.sampling.logprobs is not None
         generation = Generation(core, plan, request.n, ctx, self._metrics, logprobs=logprobs)
         if ctx.gate is not None:
-            ctx.gate.bind(generation.outcome)
+            ctx.gate.bind(generation)
             generation.on_sent = ctx.gate.sent
         generation.start()  # a refusal is the response's status, before any body
         updates = generation.updates()

@@ -13,6 +13,7 @@ from litestar.openapi.plugins import SwaggerRenderPlugin
 from app.admin.routes import ADMIN_CONTROLLERS
 from app.admin.ui.plugin import LiveViewPlugin
 from app.openai.routes import CompletionsController, ModelsController
+from app.openai.service import CompletionService
 from app.server.allow import allow_middleware
 from app.server.api_doc import FinishedJsonPlugin
 from app.server.core import Core, CoreFactory
@@ -70,5 +71,11 @@ def create_app(
             path="/docs",
             render_plugins=[SwaggerRenderPlugin(), FinishedJsonPlugin()],
         ),
-        state=State({"lifecycle": lifecycle, "tenancy": tenancy}),
+        state=State(
+            {
+                "lifecycle": lifecycle,
+                "tenancy": tenancy,
+                "completions": CompletionService(state, metrics),
+            }
+        ),
     )

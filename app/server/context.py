@@ -1,7 +1,7 @@
 """Who is asking: the tenant, key, SLO class and weight behind a request, and its quota gate.
 
 ``ApiKeyAuthentication`` (app/tenancy/gate.py) has put the key's ``Principal`` in
-``request.user`` before ``provide_context`` runs; the core gets the tenant id, class and weight
+``request.user`` before ``request_context`` runs; the core gets the tenant id, class and weight
 from here.
 """
 
@@ -28,7 +28,7 @@ class RequestContext:
     gate: RequestGate | None = None  # None: no quotas (a context made outside a request)
 
 
-async def provide_context(request: Request[Principal, str, Any]) -> RequestContext:
+def request_context(request: Request[Principal, str, Any]) -> RequestContext:
     request_id = request_id_of(request.scope)
     principal = request.user
     gate = RequestGate(tenancy_of(request), principal, request.scope, request_id)

@@ -18,16 +18,24 @@ timeouts and its ``send_timeout``:
            else 431 and the connection is closed (uvicorn bounds it only with h11; with
            httptools, one endless header would grow in memory until the read timeout)
 
-The app's own disconnect handling does the rest; nothing here knows about streams.
+The app's own disconnect handling does the rest; nothing here knows about streams. What
+the app may ask of the connection (``connection_closing``): whether it is closing, i.e.
+whether a write now can still reach the client (uvicorn drops a write to a lost connection
+without a word).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from app.server.settings import Settings
+
+# scope["extensions"][CONNECTION]["closing"]: the connection's transport's is_closing
+CONNECTION = "quanta.connection"
 
 MAX_HEAD_BYTES = 64 * 1024  # nginx allows 32 KiB (4 x 8k buffers), h11 in uvicorn 16 KiB
 _TOO_LARGE = (
@@ -70,6 +78,10 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._in_head = False
         self._boundaries += 1
+        # Before uvicorn hands the scope to the app (it does in the call below).
+        self.scope.setdefault("extensions", {})[CONNECTION] = {  # type: ignore[typeddict-item]
+            "closing": self.transport.is_closing
+        }
         super().on_headers_complete()
 
     def on_message_begin(self) -> None:
@@ -136,3 +148,15 @@ def guarded_protocol(settings: Settings) -> type[GuardedHttpProtocol]:
             "write_timeout_s": settings.stream_write_timeout_s,
         },
     )
+
+
+def _never() -> bool:
+    return False
+
+
+def connection_closing(scope: Any) -> Callable[[], bool]:
+    """Whether the request's connection is closing (always ``False`` under a server that
+    does not say, such as the test client)."""
+    extensions = scope.get("extensions") or {}
+    closing: Callable[[], bool] = extensions.get(CONNECTION, {}).get("closing", _never)
+    return closing

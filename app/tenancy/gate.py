@@ -4,9 +4,10 @@ headers middleware.
 ApiKeyAuthentication   litestar's auth middleware on the tenant routes: 401/403, or the
                        Principal as ``request.user`` (x-ratelimit-* noted for the response)
 RequestGate.reserve    after planning (prompt and max_tokens known): 429 or a Reservation
-tenancy_middleware     adds x-ratelimit-* to whatever response goes out, and closes the
-                       reservation when the ASGI call ends — finished, failed or the client
-                       gone — so a concurrency slot is always given back
+tenancy_middleware     adds x-ratelimit-* to whatever response goes out, tells the
+                       reservation whether each write it was charged for reached the client,
+                       and closes the reservation when the ASGI call ends — finished, failed
+                       or the client gone — so a concurrency slot is always given back
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from litestar.handlers import BaseRouteHandler
 from litestar.middleware import AbstractAuthenticationMiddleware, AuthenticationResult
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.tenancy.service import Outcome, Principal, Reservation, Tenancy
+from app.server.http_protocol import connection_closing
+from app.tenancy.service import Principal, Reservation, Served, Tenancy
 
 # What the handler leaves for ``tenancy_middleware`` in the scope's state: the response's
 # x-ratelimit-* headers and the reservation to close when the call ends.
@@ -60,7 +62,7 @@ async def require_admin(
 
 
 class RequestGate:
-    """One request's way through its quotas (made by ``provide_context``)."""
+    """One request's way through its quotas (made by ``request_context``)."""
 
     def __init__(
         self, tenancy: Tenancy, principal: Principal, scope: Scope, request_id: str
@@ -77,9 +79,9 @@ class RequestGate:
         self._state[RESERVATION] = self._reservation
         self._state[RATE_HEADERS] = self._tenancy.headers(self._principal)
 
-    def bind(self, outcome: Callable[[], Outcome]) -> None:
+    def bind(self, served: Served) -> None:
         if self._reservation is not None:
-            self._reservation.bind(outcome)
+            self._reservation.bind(served)
 
     def sent(self) -> None:
         """The client is about to be written what the outcome now counts."""
@@ -93,14 +95,20 @@ def tenancy_middleware(app: ASGIApp) -> ASGIApp:
             await app(scope, receive, send)
             return
         state = _state(scope)
+        closing = connection_closing(scope)
 
         # Not a coroutine of its own: it runs for every chunk of a stream, the headers only on
-        # the first.
+        # the first; only a write that was charged ahead is followed to its end.
         def send_with_limits(message: Message) -> Awaitable[None]:
-            if message["type"] == "http.response.start" and (extra := state.get(RATE_HEADERS)):
-                headers = MutableScopeHeaders.from_message(message)
-                for name, value in extra.items():
-                    headers[name] = value
+            if message["type"] == "http.response.start":
+                if extra := state.get(RATE_HEADERS):
+                    headers = MutableScopeHeaders.from_message(message)
+                    for name, value in extra.items():
+                        headers[name] = value
+                return send(message)
+            reservation: Reservation | None = state.get(RESERVATION)
+            if reservation is not None and reservation.writing:
+                return _charged_write(send, message, reservation, closing)
             return send(message)
 
         try:
@@ -111,3 +119,21 @@ def tenancy_middleware(app: ASGIApp) -> ASGIApp:
                 reservation.close()
 
     return middleware
+
+
+async def _charged_write(
+    send: Send, message: Message, reservation: Reservation, closing: Callable[[], bool]
+) -> None:
+    """Send a write its tokens were charged for ahead, and tell the reservation whether it
+    reached the client. It did not if its send failed or was cancelled (the client stopped
+    reading and left), if the connection was already closing when it was sent (uvicorn
+    drops such a write without a word), or if the write itself broke the connection (the
+    peer had reset it). A final write may close the connection itself (``connection:
+    close``): after it only a failure counts."""
+    reached = False
+    try:
+        gone = closing()
+        await send(message)
+        reached = not gone and not (message.get("more_body", False) and closing())
+    finally:
+        reservation.written(reached)

@@ -29,7 +29,7 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Protocol, cast
 
 from sqlalchemy import Table, bindparam, case, func, insert, select, update
@@ -59,6 +59,15 @@ class UsageRow:
     duration_s: float | None
     started_at: float
     finished_at: float
+
+
+_COLUMNS = tuple(f.name for f in fields(UsageRow))
+
+
+def as_values(row: UsageRow) -> dict[str, object]:
+    """``row`` as an insert's values (``asdict`` copies each field deeply: ~10x the time, in
+    the event loop, for every row of every flush)."""
+    return {name: getattr(row, name) for name in _COLUMNS}
 
 
 PARTIAL = "partial"  # a streaming request's tokens so far; its final row counts the request
@@ -95,6 +104,7 @@ class LedgerWriter:
         self.failing_since: float | None = None  # the first failed flush of an outage
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
         self._lock = asyncio.Lock()
 
     def ahead(self, total: UsageRow) -> None:
@@ -134,20 +144,26 @@ class LedgerWriter:
         self._task = asyncio.create_task(self._run())
 
     async def stop(self) -> None:
+        """Flush what is left. A flush under way is let finish, never cancelled: cancelled
+        in its transaction, its rows would be neither restored (the commit may have gone
+        through in the driver's thread) nor known written, and the journal segment that
+        holds them is discarded by the next flush."""
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            self._stopping = True
+            self._wake.set()
+            await self._task
             self._task = None
         await self.flush()
         if self._journal is not None:
             self._journal.close()
 
     async def _run(self) -> None:
-        while True:
+        while not self._stopping:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self._every_s)
             self._wake.clear()
+            if self._stopping:
+                return
             try:
                 await self.flush()
             except Exception:
@@ -179,7 +195,7 @@ class LedgerWriter:
             try:
                 async with self._sessions.begin() as session:
                     if rows:
-                        await session.execute(insert(UsageRecord), [asdict(r) for r in rows])
+                        await session.execute(insert(UsageRecord), [as_values(r) for r in rows])
                         await _roll_up(session, rows)
                     if touched:
                         # Core executemany: a key deleted meanwhile matches no row, no error.
@@ -290,7 +306,7 @@ async def close_interrupted(sessions: async_sessionmaker[AsyncSession], now: flo
         ]
     if rows:
         async with sessions.begin() as session:
-            await session.execute(insert(UsageRecord), [asdict(row) for row in rows])
+            await session.execute(insert(UsageRecord), [as_values(row) for row in rows])
             await _roll_up(session, rows)
     return len(rows)
 
@@ -331,6 +347,6 @@ async def replay(sessions: async_sessionmaker[AsyncSession], totals: dict[str, U
         rows.append(replace(total, **dict(zip(_SUMS, delta, strict=True))))
     if rows:
         async with sessions.begin() as session:
-            await session.execute(insert(UsageRecord), [asdict(row) for row in rows])
+            await session.execute(insert(UsageRecord), [as_values(row) for row in rows])
             await _roll_up(session, rows)
     return len(rows)

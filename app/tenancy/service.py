@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import func, select
 
@@ -69,6 +69,17 @@ class Outcome:
 
 
 NOTHING_SERVED = Outcome("error")
+
+
+class Served(Protocol):
+    """A request's service as its writes to the client go: announced, then reached or not."""
+
+    @property
+    def writing(self) -> bool: ...
+
+    def outcome(self, ahead: bool = False) -> Outcome: ...
+
+    def written(self, reached: bool) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,10 +308,11 @@ class Tenancy:
 class Reservation:
     """One request's hold on its quotas; ``close`` settles it exactly once.
 
-    It is charged what its client was sent (the ``Outcome`` it is bound to counts only
-    tokens written to the client), and each write is announced first (``sent``) so that the
-    ledger's journal holds it before the client does. A failure that sent no output (a 500)
-    is charged nothing."""
+    It is charged what reached its client (the ``Served`` it is bound to counts only the
+    writes that did), and each write is announced first (``sent``) so that the ledger's
+    journal holds it before the client does; a write that then fails (``written(False)``)
+    is taken back out of the journal at once. A failure that sent no output (a 500) is
+    charged nothing."""
 
     def __init__(
         self, tenancy: Tenancy, principal: Principal, request_id: str, charge: Charge
@@ -309,25 +321,41 @@ class Reservation:
         self._principal = principal
         self._request_id = request_id
         self._charge = charge
-        self._outcome: Callable[[], Outcome] | None = None
+        self._served: Served | None = None
         self._written = (0, 0, 0)  # prompt, cached, completion tokens in partial rows
 
-    def bind(self, outcome: Callable[[], Outcome]) -> None:
-        self._outcome = outcome
+    def bind(self, served: Served) -> None:
+        self._served = served
         self._tenancy.ledger.watch(self)
 
     def sent(self) -> None:
-        """The client is about to be written what ``outcome`` now says: journal it first."""
-        if self._charge.settled or self._outcome is None:
+        """The client is about to be written what ``outcome(ahead=True)`` says: journal it."""
+        if self._charge.settled or self._served is None:
             return
-        now = self._tenancy.clock()
-        self._tenancy.ledger.ahead(self._total(self._outcome(), now, PARTIAL))
+        self._ahead(self._served.outcome(ahead=True))
+
+    @property
+    def writing(self) -> bool:
+        """A write was announced and has not ended yet."""
+        return self._served is not None and self._served.writing
+
+    def written(self, reached: bool) -> None:
+        """The write announced last ended; one that did not reach the client is journalled
+        out again (the cumulative row without it), so a crash now does not charge it."""
+        if self._served is None:
+            return
+        self._served.written(reached)
+        if not reached and not self._charge.settled:
+            self._ahead(self._served.outcome())
+
+    def _ahead(self, out: Outcome) -> None:
+        self._tenancy.ledger.ahead(self._total(out, self._tenancy.clock(), PARTIAL))
 
     def progress(self) -> UsageRow | None:
         """The tokens sent since the last partial row (the ledger asks at each flush)."""
-        if self._charge.settled or self._outcome is None:
+        if self._charge.settled or self._served is None:
             return None
-        out = self._outcome()
+        out = self._served.outcome()
         if out.completion_tokens == self._written[2] or out.status == "rejected":
             return None
         return self._row(replace(out, status=PARTIAL), self._tenancy.clock())
@@ -338,8 +366,8 @@ class Reservation:
         t = self._tenancy
         t.ledger.unwatch(self)
         now = t.clock()
-        out = self._outcome() if self._outcome is not None else NOTHING_SERVED
-        served = out.status != "rejected" and self._outcome is not None
+        out = self._served.outcome() if self._served is not None else NOTHING_SERVED
+        served = out.status != "rejected" and self._served is not None
         charged = _charged(out) if served else 0
         t.limiter.settle(self._charge, charged, now, count_request=served)
         t.ledger.ahead(self._total(out, now))

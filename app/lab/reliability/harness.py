@@ -193,6 +193,7 @@ class Tally:
     miscounted: int = 0  # a stream whose tokens received differ from its usage chunk
     broken: int = 0  # a stream that ended without [DONE] and without an error event
     latencies: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    cuts: list[dict[str, Any]] = field(default_factory=list)  # what each broken stream saw
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -200,6 +201,7 @@ class Tally:
             "tokens_received": sum(self.received.values()),
             "streams_miscounted": self.miscounted,
             "broken_streams": self.broken,
+            "cuts": self.cuts,
         }
 
 
@@ -258,6 +260,21 @@ class Client:
     ) -> str:
         body = {**body, "stream": True, "stream_options": {"include_usage": True}}
         got = 0
+        started = time.monotonic()
+
+        def broken(why: str) -> str:
+            self.tally.broken += 1
+            self.tally.cuts.append(
+                {
+                    "why": why,
+                    "request_id": r.headers.get("x-request-id"),
+                    "tokens_received": got,
+                    "after_s": round(time.monotonic() - started, 3),
+                    "at": time.strftime("%H:%M:%S"),
+                }
+            )
+            return "cut"
+
         async with self.http.stream(
             "POST", f"{self.url}/v1/chat/completions", json=body, headers=headers
         ) as r:
@@ -273,8 +290,7 @@ class Client:
                     try:
                         chunk = json.loads(line[6:])
                     except ValueError:  # the server died in the middle of a line
-                        self.tally.broken += 1
-                        return "cut"
+                        return broken("a torn line")
                     if "error" in chunk:
                         return "stream_error"
                     usage = chunk.get("usage")
@@ -289,11 +305,9 @@ class Client:
                         self.tally.received[key.key_id] += len(entries)
                     if cut is not None and got >= cut:
                         return "cancelled"
-            except httpx.HTTPError:
-                self.tally.broken += 1
-                return "cut"
-        self.tally.broken += 1
-        return "cut"
+            except httpx.HTTPError as exc:
+                return broken(f"{type(exc).__name__}: {exc}")
+        return broken("ended without [DONE]")
 
     async def close(self) -> None:
         await self.http.aclose()

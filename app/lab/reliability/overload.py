@@ -6,8 +6,9 @@ First the capacity: requests per second that a closed loop of a few clients comp
 Then open-loop arrivals at ``--factor`` times that rate (at most ``MAX_IN_FLIGHT`` requests
 held open by this client), with ``/healthz`` probed every half second and the server's RSS
 sampled; rejections (429/503) are timed from send to answer, by the flood's own clients
-(their event loop's delays included) and by a door probe in a thread of its own (one
-interactive stream a second, timed to its status line). Then the closed loop again:
+(their event loop's delays included; this process's collector is off meanwhile) and by a
+door probe in a process of its own (one interactive stream a second, timed to its status
+line). Then the closed loop again:
 how soon and how well it is served after the flood.
 """
 
@@ -15,10 +16,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
+import gc
+import multiprocessing
 import random
 import statistics
 import time
 from collections import Counter, defaultdict
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import httpx
@@ -61,6 +66,62 @@ async def closed_loop(client: Client, keys: list[Key], seconds: float, workers: 
     return done / seconds
 
 
+def health_probe(url: str, pid: int, end: float) -> tuple[list[float], list[int]]:
+    """``/healthz`` every half second on a connection of its own, timed; the server's RSS."""
+    health: list[float] = []
+    rss: list[int] = []
+    with httpx.Client(timeout=10) as http:
+        while time.monotonic() < end:
+            t0 = time.perf_counter()
+            http.get(f"{url}/healthz")
+            health.append((time.perf_counter() - t0) * 1000)
+            rss.append(rss_kib(pid))
+            time.sleep(0.5)
+    return health, rss
+
+
+def door_probe(url: str, model: str, key: str, end: float) -> dict[int, list[float]]:
+    """Once a second an interactive stream, timed to its status line, then dropped."""
+    door: dict[int, list[float]] = defaultdict(list)
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": "Say hello."}],
+        "max_tokens": MAX_TOKENS,
+        "stream": True,
+    }
+    auth = {"authorization": f"Bearer {key}"}
+    with httpx.Client(timeout=60) as http:
+        while time.monotonic() < end:
+            t0 = time.perf_counter()
+            with http.stream("POST", f"{url}/v1/chat/completions", json=body, headers=auth) as r:
+                door[r.status_code].append((time.perf_counter() - t0) * 1000)
+            time.sleep(1.0)
+    return dict(door)
+
+
+async def flood_until(
+    end: float,
+    rate: float,
+    one: Callable[[Key, random.Random], Coroutine[Any, Any, str]],
+    keys: list[Key],
+    tasks: set[asyncio.Task[str]],
+) -> int:
+    """Open-loop arrivals at ``rate`` until ``end``; how many the cap held back."""
+    rng = random.Random(0)
+    skipped = 0
+    next_at = time.monotonic()
+    while next_at < end:
+        await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+        next_at += rng.expovariate(rate)
+        if len(tasks) >= MAX_IN_FLIGHT:
+            skipped += 1
+            continue
+        task = asyncio.create_task(one(rng.choice(keys), rng))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+    return skipped
+
+
 async def overload(minutes: float, factor: float, workers: int) -> dict[str, Any]:
     server = Server.fresh()
     server.start()
@@ -75,40 +136,7 @@ async def overload(minutes: float, factor: float, workers: int) -> dict[str, Any
     rate = capacity * factor
     start = time.monotonic()
     end = start + minutes * 60
-    health: list[float] = []
-    rss: list[int] = []
     tasks: set[asyncio.Task[str]] = set()
-    skipped = 0
-
-    door: dict[int, list[float]] = defaultdict(list)
-
-    # The probes run in threads of their own, each on its own connection: the flood's event
-    # loop (hundreds of open requests in this process) must not delay their timings.
-    def probe() -> None:
-        with httpx.Client(timeout=10) as http:
-            while time.monotonic() < end:
-                t0 = time.perf_counter()
-                http.get(f"{server.url}/healthz")
-                health.append((time.perf_counter() - t0) * 1000)
-                rss.append(rss_kib(server.pid))
-                time.sleep(0.5)
-
-    def door_probe() -> None:
-        """Once a second an interactive stream, timed to its status line, then dropped."""
-        body = {
-            "model": model,
-            "messages": [{"role": "user", "content": "Say hello."}],
-            "max_tokens": MAX_TOKENS,
-            "stream": True,
-        }
-        auth = {"authorization": f"Bearer {keys[0].value}"}
-        with httpx.Client(timeout=60) as http:
-            while time.monotonic() < end:
-                t0 = time.perf_counter()
-                url = f"{server.url}/v1/chat/completions"
-                with http.stream("POST", url, json=body, headers=auth) as r:
-                    door[r.status_code].append((time.perf_counter() - t0) * 1000)
-                time.sleep(1.0)
 
     by_class: dict[str, Counter[str]] = defaultdict(Counter)
     completed_s: dict[str, list[float]] = defaultdict(list)
@@ -121,19 +149,23 @@ async def overload(minutes: float, factor: float, workers: int) -> dict[str, Any
             completed_s[key.slo_class].append(time.monotonic() - t0)
         return outcome
 
-    probes = asyncio.gather(asyncio.to_thread(probe), asyncio.to_thread(door_probe))
-    rng = random.Random(0)
-    next_at = start
-    while next_at < end:
-        await asyncio.sleep(max(0.0, next_at - time.monotonic()))
-        next_at += rng.expovariate(rate)
-        if len(tasks) >= MAX_IN_FLIGHT:
-            skipped += 1
-            continue
-        task = asyncio.create_task(one(rng.choice(keys), rng))
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
-    await probes
+    # The probes run in a process of their own: in this one, the flood's event loop and its
+    # collector (hundreds of open requests) would hold the interpreter lock from under them.
+    spawn = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(2, mp_context=spawn) as pool:
+        probes = asyncio.gather(
+            asyncio.wrap_future(pool.submit(health_probe, server.url, server.pid, end)),
+            asyncio.wrap_future(pool.submit(door_probe, server.url, model, keys[0].value, end)),
+        )
+        # Nor does this process's own collector pause the flood's clients while they time.
+        gc.collect()
+        gc.freeze()
+        gc.disable()
+        try:
+            skipped = await flood_until(end, rate, one, keys, tasks)
+            (health, rss), door = await probes
+        finally:
+            gc.enable()
     in_flight_at_end = len(tasks)
     await asyncio.gather(*tasks)
     await flood.close()
@@ -165,6 +197,10 @@ async def overload(minutes: float, factor: float, workers: int) -> dict[str, Any
             pct(rejection_ms, 0.99),
             pct(rejection_ms, 1.0),
         ],
+        "rejections_over_50ms": sum(1 for ms in rejection_ms if ms > 50),
+        "door_probe_refusals_over_50ms": sum(
+            1 for code in (429, 503) for ms in door.get(code, []) if ms > 50
+        ),
         "completed_s_p50_p99": [
             pct(tally.latencies.get("completed", []), 0.5),
             pct(tally.latencies.get("completed", []), 0.99),

@@ -113,6 +113,7 @@ async def soak(minutes: float, workers: int) -> dict[str, Any]:
         "cancel_key_excess_tokens": per_key[cutter.key_id]["ledger"]
         - per_key[cutter.key_id]["received"],
         "load1_median": statistics.median(s["load1"] for s in samples),
+        "server_log": str(server.root / "server.log"),
         "samples": samples,
     }
 

@@ -61,13 +61,17 @@ class Bookings:
         """The earliest booking ``x`` is the retry of, removed; None if it is new."""
         self._expire(x.arrival)
         key = (x.tenant, _prompt(x), x.max_tokens)
-        for b in sorted(self._held, key=lambda b: b.at):
-            same = (b.tenant, b.prompt, b.max_tokens) == key
+        # One pass, not a sort: under a flood this runs on hundreds of bookings per request.
+        found: Booking | None = None
+        for b in self._held:
+            if (b.tenant, b.prompt, b.max_tokens) != key:
+                continue
             early = min(self.early_s, (b.at - b.made) / 2)
-            if same and b.at - early <= x.arrival:
-                self._held.remove(b)
-                return b
-        return None
+            if b.at - early <= x.arrival and (found is None or b.at < found.at):
+                found = b
+        if found is not None:
+            self._held.remove(found)
+        return found
 
     def ahead_of(self, own: Booking | None, now: float) -> list[Booking]:
         """The bookings to project ahead of a request: those made before its own (a retry),

@@ -157,12 +157,16 @@ class SloAdmission:
         own = self.bookings.claim(x) if self.bookings is not None else None
         booked: list[Job] = []
         if self.bookings is not None:
-            budget = base.token_budget
+            # One job per size: under a flood the bookings number hundreds, of a few sizes,
+            # and pricing each on the cost model made every decision cost milliseconds.
+            sized: dict[tuple[int, int], Job] = {}
             for b in self.bookings.ahead_of(own, now):
                 if b.at < now:
                     continue  # its retry did not come when told: no room is kept for it
-                j = self.est.job_of(b.prompt_len, b.max_tokens, decode_s, streams, budget)
-                booked.append(replace(j, due=b.at + target, ready=b.at))
+                size = (b.prompt_len, b.max_tokens)
+                if size not in sized:
+                    sized[size] = self.est.job_of(*size, decode_s, streams, base.token_budget)
+                booked.append(replace(sized[size], due=b.at + target, ready=b.at))
         if over:
             ordered += [job(x, None)] * len(self._tenants_below(x, running))
         mine = job(x, now + target + self.ttft_grace_s)
