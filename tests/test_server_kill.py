@@ -77,14 +77,21 @@ def stream(url: str, model: str, key: str, received: list[int]) -> None:
         pass  # the server died: what came before it is what was received
 
 
-def post_admitted(url: str, body: dict[str, Any], key: str) -> httpx.Response:
+def post_retrying(url: str, body: dict[str, Any], key: str, timeout: float) -> httpx.Response:
     """A chat request, sent again at its retry-after while admission refuses it (the
     streams beside it can make the first-token estimate miss its target)."""
     for _ in range(20):
-        r = httpx.post(f"{url}/v1/chat/completions", json=body, headers=bearer(key), timeout=120)
+        r = httpx.post(
+            f"{url}/v1/chat/completions", json=body, headers=bearer(key), timeout=timeout
+        )
         if r.status_code not in (429, 503):
             break
         time.sleep(float(r.headers.get("retry-after-ms", "1000")) / 1000)
+    return r
+
+
+def post_admitted(url: str, body: dict[str, Any], key: str) -> httpx.Response:
+    r = post_retrying(url, body, key, timeout=120)
     assert r.status_code == 200, r.text
     return r
 
@@ -164,9 +171,7 @@ def kill_engine(server: ServerProcess) -> None:
 
 def whole_json(url: str, model: str, key: str, out: list[httpx.Response]) -> None:
     body = {"model": model, "messages": MESSAGES, "max_tokens": 2000, "ignore_eos": True}
-    out.append(
-        httpx.post(f"{url}/v1/chat/completions", json=body, headers=bearer(key), timeout=300)
-    )
+    out.append(post_retrying(url, body, key, timeout=300))
 
 
 def test_a_request_failed_after_tokens_is_charged_what_it_was_sent(model_path: Path) -> None:
