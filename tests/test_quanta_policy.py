@@ -396,7 +396,7 @@ def fresh_after_unclaimed_bookings(bookings: bool) -> FinishReason | None:
         if r.finish_reason is FinishReason.REJECTED and r.retry_after_s is not None
     ]
     assert len(told) > 4
-    while h.clock.now() < max(told) + 0.5:
+    while h.clock.now() < max(told) + 1.0:  # past every keep_s, before any lapses
         h.cycle()
     if bookings:
         assert policy.admission.bookings is not None and len(policy.admission.bookings) > 0

@@ -10,7 +10,8 @@ projected behind only the bookings made before its own: refused requests come ba
 the order they were refused, each told a later time than the one before. Room a booking
 will not need yet is not kept idle: an arrival that fits before the booked times, late for
 none of them (projected in due order, each from its time), is admitted; and a booking whose
-time has passed without its retry keeps no room (it can still be claimed until it lapses).
+time has passed (by ``keep_s``) without its retry keeps no room (it can still be claimed
+until it lapses).
 
     refused at t, told r ─▶ booked for t + r ─▶ claimed by a retry in [t + r - early,
                                                  t + r + late], or dropped after
@@ -43,6 +44,9 @@ class Bookings:
         # long (the OpenAI SDK honours a retry-after of at most 60 s), and under sustained
         # overload each booking would push the next refusal's time further out.
         self.horizon_s = horizon_s
+        # A booking keeps its room until this long after its time: a retry sent at its
+        # retry-after arrives a little after it (the client's sleep, its connection).
+        self.keep_s = early_s
         self._held: list[Booking] = []
         self._seq = 0
 

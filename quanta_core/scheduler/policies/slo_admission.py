@@ -161,7 +161,7 @@ class SloAdmission:
             # and pricing each on the cost model made every decision cost milliseconds.
             sized: dict[tuple[int, int], Job] = {}
             for b in self.bookings.ahead_of(own, now):
-                if b.at < now:
+                if b.at + self.bookings.keep_s < now:
                     continue  # its retry did not come when told: no room is kept for it
                 size = (b.prompt_len, b.max_tokens)
                 if size not in sized:
