@@ -232,11 +232,9 @@ def test_a_burst_on_a_calm_machine_is_queued_within_the_grace() -> None:
     assert max(strict) <= 0.5 < max(lenient) <= 1.0
 
 
-def retry_admitted(bookings: bool) -> tuple[bool, int]:
-    """Sustained overload on 4 slots: 30 at once; the first refused request comes back at
-    its retry-after, just after four fresh arrivals. Was it admitted, and how many fresh ones
-    were refused? Steps are priced at the harness's 10 ms, so projections and the virtual
-    clock agree."""
+def thirty_on_four_slots(bookings: bool) -> tuple[Harness, QuantaPolicy]:
+    """Sustained overload (no burst window): 30 at once on 4 slots, steps priced at the
+    harness's 10 ms; ``bookings`` False: refusals book nothing."""
     cfg = SloConfig(
         interactive_ttft_s=0.2,
         burst_window_s=0.0,
@@ -251,6 +249,15 @@ def retry_admitted(bookings: bool) -> tuple[bool, int]:
         policy.admission.bookings = None
     for k in range(30):
         h.submit(f"i{k}", prompt(32, base=100 + k), max_tokens=40, slo_class=INTER)
+    return h, policy
+
+
+def retry_admitted(bookings: bool) -> tuple[bool, int]:
+    """Sustained overload on 4 slots: 30 at once; the first refused request comes back at
+    its retry-after, just after four fresh arrivals. Was it admitted, and how many fresh ones
+    were refused? Steps are priced at the harness's 10 ms, so projections and the virtual
+    clock agree."""
+    h, _ = thirty_on_four_slots(bookings)
     refused = [
         r
         for (rid, _), r in sorted(h.results().items(), key=lambda kv: int(kv[0][0][1:]))
@@ -376,20 +383,7 @@ def test_a_machine_that_just_refused_work_is_not_calm() -> None:
 def fresh_after_unclaimed_bookings(bookings: bool) -> FinishReason | None:
     """Sustained overload on 4 slots refuses and books 26 retries that never come; once the
     last booked time has passed (the bookings still held), a fresh request arrives."""
-    cfg = SloConfig(
-        interactive_ttft_s=0.2,
-        burst_window_s=0.0,
-        step_base_s=0.01,
-        step_seq_s=1e-6,
-        step_token_s=1e-6,
-    )
-    h = Harness.make(FakeExecutor(n_seq_max=64), policy="quanta", max_running=4, slo=cfg)
-    policy = h.sched.policy
-    assert isinstance(policy, QuantaPolicy)
-    if not bookings:
-        policy.admission.bookings = None
-    for k in range(30):
-        h.submit(f"i{k}", prompt(32, base=100 + k), max_tokens=40, slo_class=INTER)
+    h, policy = thirty_on_four_slots(bookings)
     told = [
         r.timings.arrival + r.retry_after_s
         for r in h.results().values()
