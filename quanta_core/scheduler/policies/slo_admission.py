@@ -42,7 +42,6 @@ for a full queue, the time the running slots take to serve the excess requests.
 from __future__ import annotations
 
 import heapq
-import math
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import replace
 
@@ -166,15 +165,18 @@ class SloAdmission:
                 size = (b.prompt_len, b.max_tokens)
                 if size not in sized:
                     sized[size] = self.est.job_of(*size, decode_s, streams, base.token_budget)
-                booked.append(replace(sized[size], due=b.at + target, ready=b.at))
+                booked.append(replace(sized[size], due=b.at + target))
         if over:
             ordered += [job(x, None)] * len(self._tenants_below(x, running))
         mine = job(x, now + target + self.ttft_grace_s)
         # Behind every booked retry as if each were back now; else in due order with them,
         # at their times, if that makes none of them late (room they will not need yet).
-        now_back = [replace(b, ready=-math.inf) for b in booked]
-        est = project(now, slots, [*ordered, *now_back, mine])[-1] - now
-        first = est if est + now <= mine.due else _before_retries(now, slots, ordered, booked, mine)
+        est = project(now, slots, [*ordered, *booked, mine])[-1] - now
+        if est + now <= mine.due:
+            first: float | None = est
+        else:
+            at_times = [replace(b, ready=b.due - target) for b in booked]  # due: time + target
+            first = _before_retries(now, slots, ordered, at_times, mine)
         if first is not None:
             self.last_estimate = first
             return mine.due
