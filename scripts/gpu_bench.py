@@ -46,7 +46,6 @@ GPU_ENV = {
     "QUANTA_N_CTX": str(256 * (PROMPT + TOKENS) + 4096),
     "QUANTA_N_BATCH": "2048",
     "QUANTA_N_UBATCH": "512",
-    "QUANTA_TOKEN_BUDGET": "512",
 }
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from app.server.scheduling import scheduler_config
 from app.server.settings import Settings
 from quanta_core.engine import SeqSlice, StepPlan
 from quanta_core.engine.config import EngineConfig
@@ -56,6 +57,25 @@ def test_steps_overlap_the_streams_on_a_gpu_unless_told(
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     assert Settings(model_path=model).overlaps_steps() is overlaps
+
+
+@pytest.mark.parametrize(
+    ("env", "budget"),
+    [
+        ({}, 128),  # the CPU engine: running streams decode between small prefill chunks
+        ({"QUANTA_N_GPU_LAYERS": "-1", "QUANTA_N_BATCH": "2048"}, 2048),
+        ({"QUANTA_N_GPU_LAYERS": "-1", "QUANTA_TOKEN_BUDGET": "512"}, 512),
+        ({"QUANTA_TOKEN_BUDGET": "4096"}, 512),  # never above n_batch (512 by default)
+        ({"QUANTA_N_BATCH": "64"}, 64),
+    ],
+)
+def test_step_token_budget_follows_the_engine_unless_set(
+    model: str, monkeypatch: pytest.MonkeyPatch, env: dict[str, str], budget: int
+) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    config = scheduler_config(Settings(model_path=model))
+    assert config.token_budget == budget
 
 
 def test_ubatch_is_at_most_the_batch(model: str) -> None:

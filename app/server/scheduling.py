@@ -15,7 +15,7 @@ def scheduler_config(settings: Settings) -> SchedulerConfig:
         policy=settings.policy,  # type: ignore[arg-type]  # validated by SchedulerConfig
         block_size=settings.block_size,
         max_running=settings.max_running,
-        token_budget=min(settings.token_budget, settings.n_batch),
+        token_budget=settings.step_token_budget(),
         enable_prefix_cache=settings.prefix_cache,
         prefix_cache_tokens=settings.prefix_cache_tokens,
         slo=SloConfig(

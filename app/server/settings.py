@@ -30,6 +30,8 @@ MIN_SECRET_CHARS = 24
 _SLO = SloConfig()  # the SLO defaults, derived from the measured engine in its docstring
 # The running slots the core's default queue bounds are sized for: the CPU engine's n_seq_max.
 QUEUE_SLOTS = 64
+# The CPU engine's tokens per step when QUANTA_TOKEN_BUDGET is unset (``token_budget``).
+CPU_TOKEN_BUDGET = 128
 
 
 class ModelNotFoundError(RuntimeError):
@@ -107,11 +109,16 @@ class Settings(BaseSettings):
         description="send the next engine step before streaming the last one's tokens "
         "(unset: on when n_gpu_layers is not 0)",
     )
-    # A small budget lets running streams decode between prefill chunks: earlier first tokens
-    # for a crowd and more tokens/s, for a larger inter-token gap while prompts are prefilled
-    # (bench/results/twenty_at_once_core.json).
-    token_budget: int = Field(
-        default=128, ge=1, description="tokens per step (chunked prefill); at most n_batch"
+    # On a CPU a small budget lets running streams decode between prefill chunks: earlier
+    # first tokens for a crowd and more tokens/s (bench/results/twenty_at_once_core.json). On
+    # a GPU a prefill token costs a fraction of a step's fixed cost, so a crowd's prompts go
+    # in whole passes (bench/results/gpu/README.md); the default policy still shrinks a step's
+    # budget to what keeps running streams inside their inter-token target.
+    token_budget: int | None = Field(
+        default=None,
+        ge=1,
+        description="tokens per step (chunked prefill); at most n_batch "
+        "(unset: 128 on a CPU, n_batch with n_gpu_layers not 0)",
     )
     threads: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1)
     step_timeout_s: float = Field(default=60.0, gt=0, description="a step slower is a hang")
@@ -284,6 +291,11 @@ class Settings(BaseSettings):
         """The other names of the model, without the primary one or repeats."""
         primary = self.served_model_name()
         return tuple(dict.fromkeys(n for n in self.served_model_names if n != primary))
+
+    def step_token_budget(self) -> int:
+        if self.token_budget is not None:
+            return min(self.token_budget, self.n_batch)
+        return self.n_batch if self.n_gpu_layers != 0 else min(CPU_TOKEN_BUDGET, self.n_batch)
 
     def overlaps_steps(self) -> bool:
         if self.overlap_steps is not None:
