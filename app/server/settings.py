@@ -293,9 +293,10 @@ class Settings(BaseSettings):
         return tuple(dict.fromkeys(n for n in self.served_model_names if n != primary))
 
     def step_token_budget(self) -> int:
-        if self.token_budget is not None:
-            return min(self.token_budget, self.n_batch)
-        return self.n_batch if self.n_gpu_layers != 0 else min(CPU_TOKEN_BUDGET, self.n_batch)
+        budget = self.token_budget
+        if budget is None:
+            budget = self.n_batch if self.n_gpu_layers != 0 else CPU_TOKEN_BUDGET
+        return min(budget, self.n_batch)
 
     def overlaps_steps(self) -> bool:
         if self.overlap_steps is not None:
