@@ -29,7 +29,10 @@ admission that answers at once) with these rules changed or added:
   model's mean prices within ``burst_itl_s`` (still smooth: a token per such gap), so that the
   twentieth person is not left behind a cap. Such a step may be long only as far as every
   running interactive stream can absorb it and still end its answer within the inter-token
-  target on average (``_pace_s``: the steps after it priced as decode steps). A machine that
+  target on average (``_pace_s``: the steps after it priced as decode steps); once one of
+  it has waited half its first-token target it is owed that token, and steps may grow to
+  ``burst_itl_s`` whatever the pace (``_owed_s``: else, where decode steps alone come near
+  the target, it would wait for a free slot, as behind a fixed cap). A machine that
   refused interactive work in the last ``burst_quiet_s`` is not calm: under sustained load
   the target is the bound, the set keeps its inter-token size and prefill chunks fit the
   inter-token target.
@@ -132,7 +135,7 @@ class QuantaPolicy(SloPolicy):
             n_seqs = max(len(running), min(len(running) + 1, cap))
             step_s = self._itl_target
             if self._ttft_first:
-                step_s = max(step_s, self._pace_s(inter, cap))
+                step_s = max(step_s, self._pace_s(inter, cap), self._owed_s())
             if step_s < math.inf:
                 budget = self.cost.max_tokens(n_seqs, step_s, base.token_budget)
         self._limits = StepLimits(cap, budget)
@@ -155,6 +158,19 @@ class QuantaPolicy(SloPolicy):
             spent = self._now - r.first_token
             allowed = min(allowed, self._itl_target * gaps - spent - (left - 1) * step)
         return allowed
+
+    def _owed_s(self) -> float:
+        """How long a step may be for a burst request still queued at half its first-token
+        target: the smooth gap (``burst_itl_s``), or 0 while none is. Its first token is
+        owed: held back for the running streams' inter-token average, it would wait behind
+        them for a free slot (a machine slower than the cost model's prior, or loaded, puts
+        every decode step near the target and leaves no slack to pace with), while one
+        longer step costs each of them one gap under the smooth bound."""
+        half = self.config.interactive_ttft_s / 2
+        for r in self.queue.classes[_INTERACTIVE]:
+            if r in self._burst and self._now - r.arrival >= half:
+                return self.config.burst_itl_s * self.config.grow_headroom
+        return 0.0
 
     def room(self, n_seqs: int, n_tokens: int) -> int | None:
         if self._ttft_first or not any(r.slo_class is _INTERACTIVE for r in self._running):
