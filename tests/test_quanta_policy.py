@@ -289,6 +289,41 @@ def test_a_retry_at_its_retry_after_finds_its_booked_place() -> None:
     assert retry_admitted(bookings=False)[0] is False  # without the booking it is taken
 
 
+def retry_on_slower_steps(margin: float) -> FinishReason | None:
+    """Sustained overload on 4 slots, 30 at once, the steps 10 % slower than the cost model
+    prices them: how the first refused request fares, back at its retry-after."""
+    cfg = SloConfig(
+        interactive_ttft_s=0.2,
+        burst_window_s=0.0,
+        step_base_s=0.01,
+        step_seq_s=1e-6,
+        step_token_s=1e-6,
+        retry_margin=margin,
+    )
+    h = Harness.make(FakeExecutor(n_seq_max=64), policy="quanta", max_running=4, slo=cfg)
+    for k in range(30):
+        h.submit(f"i{k}", prompt(32, base=100 + k), max_tokens=40, slo_class=INTER)
+    first = next(
+        r
+        for (rid, _), r in sorted(h.results().items(), key=lambda kv: int(kv[0][0][1:]))
+        if r.finish_reason is FinishReason.REJECTED
+    )
+    assert first.retry_after_s is not None
+    while h.clock.now() < first.timings.arrival + first.retry_after_s:
+        h.cycle()
+        h.clock.advance(0.001)  # the harness's 10 ms, and a tenth more
+    h.submit(
+        "retry", prompt(32, base=100 + int(first.request_id[1:])), max_tokens=40, slo_class=INTER
+    )
+    h.run()
+    return h.results()[("retry", 0)].finish_reason
+
+
+def test_a_retry_after_leaves_room_for_the_projection_to_be_wrong() -> None:
+    assert retry_on_slower_steps(SloConfig().retry_margin) is FinishReason.LENGTH
+    assert retry_on_slower_steps(0.0) is FinishReason.REJECTED  # told the bare projection
+
+
 @pytest.mark.parametrize("policy", ["quanta", "slo"])
 def test_a_step_cost_above_every_target_still_runs_an_empty_engine(policy: str) -> None:
     """One measured step far over the inter-token target (a busy machine) must not leave

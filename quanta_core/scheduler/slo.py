@@ -107,6 +107,12 @@ class SloConfig:
     burst_quiet_s: float = 5.0
     burst_grace: float = math.inf
     burst_itl_s: float = 1.0  # while such a burst waits, steps may grow to this (smooth)
+    # The ``quanta`` policy's retry-after: when the projected first token, this fraction
+    # later, is within the target. The projection errs both ways (the first-token estimate's median
+    # absolute error is ~20 % in the scenario suite, bench/results/scenarios/); told the
+    # exact time, a retry finds the queue a little longer about as often as shorter, and is
+    # refused again.
+    retry_margin: float = 0.2
     fair_lag: float = 32.0
 
     def __post_init__(self) -> None:
@@ -127,6 +133,8 @@ class SloConfig:
             raise ValueError(f"step_quantile in (0, 1], step_window >= 1, prior weight > 0: {self}")
         if min(self.burst_window_s, self.burst_grace, self.burst_quiet_s) < 0:
             raise ValueError(f"burst_window_s, burst_grace, burst_quiet_s must be >= 0: {self}")
+        if self.retry_margin < 0:
+            raise ValueError(f"retry_margin must be >= 0: {self}")
         if self.burst_itl_s <= 0:
             raise ValueError(f"burst_itl_s must be > 0: {self}")
         if not 0 < self.grow_headroom <= 1 or self.fair_lag < 0:

@@ -20,7 +20,8 @@ admission that answers at once) with these rules changed or added:
   overtaken or preempted), so it is refused only when interactive work alone keeps it past
   its target; the estimate is kept on the request (``ttft_estimate``) and reported. A
   refusal books the retry it asks for (``bookings``): later arrivals are projected behind
-  it, so that a retry at retry-after finds the room it was told of.
+  it, so that a retry at retry-after finds the room it was told of; the retry-after leaves
+  ``retry_margin`` of the estimate for the projection to be wrong.
 - A burst that reaches a calm machine (no interactive request waiting for a first token,
   fewer interactive streams than the inter-token-sized set) is queued, not refused: up to
   ``burst_grace`` targets late, by default bounded only by the queue (once it is served
@@ -92,6 +93,7 @@ class QuantaPolicy(SloPolicy):
         self.admission.promoted_ahead = False
         self.admission.bookings = Bookings()
         self.admission.long_prompt_slack = 2.0
+        self.admission.retry_margin = cfg.retry_margin
         self.admission.est.itl_target_s = self._itl_target
         self.admission.est.alone_full_budget = True  # alone, a prompt takes whole steps
         self.admission_quantile = admission_quantile

@@ -96,6 +96,9 @@ class SloAdmission:
         # A prompt too long for the first-token target even alone is promised this many
         # times its own prefill (2: it may wait as long as it computes); None: best effort.
         self.long_prompt_slack: float | None = None
+        # A refusal's retry-after is when the projected first token, this fraction later,
+        # is within the target (a policy sets it; 0: the projection's own moment).
+        self.retry_margin = 0.0
 
     # ---- the decision ----
 
@@ -182,7 +185,7 @@ class SloAdmission:
             return mine.due
         kind = RejectionKind.TENANT_OVER_SHARE if over else RejectionKind.OVERLOADED
         why = " (its tenant is over its fair share)" if over else ""
-        retry = max(est - target, self.cost.decode_step_s(1))
+        retry = max(est * (1 + self.retry_margin) - target, self.cost.decode_step_s(1))
         if self.bookings is not None:
             self.bookings.book(x, now + retry)
         return AdmissionVerdict.reject(
