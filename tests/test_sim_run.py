@@ -72,6 +72,23 @@ def test_rejected_requests_are_records_with_the_servers_status() -> None:
     assert all(r.status == 200 and r.n_output == 64 for r in served)
 
 
+def test_a_refused_request_is_sent_again_at_its_retry_after() -> None:
+    # Sustained overload (8/s for 25 s on a slow engine) under the server's default policy,
+    # as the bench's retries: each attempt is a record; a retry leaves at its retry-after.
+    slow = CostModel(per_pass=0.05, per_decode=0.02, per_prefill=0.005)
+    spec = WorkloadSpec(name="w", tenants=(_tenant(64, 64),), requests=200, rate=8.0)
+    config = SchedulerConfig(policy=PolicyName.QUANTA)
+    records = simulate(spec, build_plan(spec), config, ENGINE, slow, retries=1).records
+    first = {r.request_id: r for r in records if r.attempt == 0}
+    again = [r for r in records if r.attempt == 1]
+    assert len(first) == 200 and again
+    assert {r.request_id for r in again} == {k for k, r in first.items() if not r.ok}
+    for r in again:
+        told = first[r.request_id].retry_after_s
+        assert told is not None and r.sent == pytest.approx(first[r.request_id].sent + told)
+    assert any(r.ok for r in again)  # the queue drained meanwhile: some are admitted
+
+
 def test_a_prompt_longer_than_the_context_is_refused() -> None:
     spec = WorkloadSpec(name="w", tenants=(_tenant(),), requests=1)
     planned = [PlannedRequest(0, 0.0, "t", SloClass.INTERACTIVE, 5000, 5)]

@@ -6,8 +6,10 @@
 The client side behaves as ``quanta bench`` does (``app/lab/bench/runner.py``): open loop, a
 request is *scheduled* at its arrival and *sent* when a slot under ``concurrency`` is free
 (at once without a cap); closed loop, ``users`` users each send their next request when the
-last one's answer is in (plus ``think_s``), until the plan or ``duration_s`` runs out. Every
-request becomes the ``RequestRecord`` the bench would have filled, with the server's own split
+last one's answer is in (plus ``think_s``), until the plan or ``duration_s`` runs out. With
+``retries``, a refused request (429 / 503) is sent again at its retry-after, up to that many
+times, keeping its slot meanwhile (the bench's ``--retries``). Every attempt becomes the
+``RequestRecord`` the bench would have filled, with the server's own split
 (queue, prefill, cached tokens, preemptions) where the server reports it. What is not
 simulated: the HTTP and tenancy layers (their quotas, the client's network and parsing time);
 a token reaches the "client" the moment the step that sampled it ends.
@@ -108,16 +110,18 @@ def simulate(
     server: ServerCost | None = None,
     speed: SpeedProfile | None = None,
     bulk: bool = True,
+    retries: int = 0,
 ) -> SimOutcome:
     """Run ``plan`` through the scheduler on the virtual clock; ``server``: the server's own
     time per cycle (none: the engine alone); ``speed``: every step x the machine's speed at
     its start (none: as ``cost_model`` says); ``bulk``: steady decode steps at once (the
-    same outcome; ``False``: one by one, ``SimLoop``)."""
+    same outcome; ``False``: one by one, ``SimLoop``); ``retries``: a refused request is
+    sent again at its retry-after this many times at most."""
     clock = VirtualClock()
     speed_now = None if speed is None else lambda: speed.at(clock.now())
     executor = SimExecutor(engine, cost_model, speed_now)
     with _cyclic_gc_paused():
-        return run_workload(spec, plan, config, executor, clock, server, bulk)
+        return run_workload(spec, plan, config, executor, clock, server, bulk, retries)
 
 
 @contextmanager
@@ -145,6 +149,7 @@ def run_workload(
     clock: VirtualClock,
     server: ServerCost | None = None,
     bulk: bool = True,
+    retries: int = 0,
 ) -> SimOutcome:
     """Run ``plan`` through the scheduler on ``executor``, the clock moved by each step's
     ``total_s``: the simulated engine's cost model, or a real engine's wall time (the
@@ -159,7 +164,7 @@ def run_workload(
         token_events=False,
         check_token_ids=not always_in_vocabulary(n_vocab),
     )
-    client = _Client(spec, plan, executor.info.n_vocab)
+    client = _Client(spec, plan, executor.info.n_vocab, retries)
     loop = SimLoop(scheduler, executor, clock, client.on_finished, server, bulk)
     client.loop = loop
     started = time.perf_counter()
@@ -182,15 +187,19 @@ def run_workload(
 class _Client:
     """The bench's side of the run: sends requests, turns finished choices into records."""
 
-    def __init__(self, spec: WorkloadSpec, plan: Sequence[PlannedRequest], n_vocab: int) -> None:
+    def __init__(
+        self, spec: WorkloadSpec, plan: Sequence[PlannedRequest], n_vocab: int, retries: int = 0
+    ) -> None:
         self.spec = spec
         self.plan = plan
         self.n_vocab = n_vocab
+        self.retries = retries
         self.loop: SimLoop | None = None
         self.weights = {t.name: t.weight for t in spec.tenants}
         self.sampling = SamplingParams(temperature=spec.temperature, ignore_eos=spec.ignore_eos)
-        self.sent: dict[str, tuple[PlannedRequest, float]] = {}  # request id -> (planned, sent)
-        self._records: dict[int, RequestRecord] = {}
+        # request id -> (planned, sent, attempt)
+        self.sent: dict[str, tuple[PlannedRequest, float, int]] = {}
+        self._records: dict[tuple[int, int], RequestRecord] = {}  # (index, attempt)
         self._todo: deque[PlannedRequest] = deque(plan)  # closed loop: the users' queue
         self._waiting: deque[PlannedRequest] = deque()  # open loop: scheduled, no free slot
         self._in_flight = 0
@@ -222,7 +231,7 @@ class _Client:
         if self._todo and (duration is None or now < duration):
             self._send(self._todo.popleft(), now)
 
-    def _send(self, planned: PlannedRequest, now: float) -> None:
+    def _send(self, planned: PlannedRequest, now: float, attempt: int = 0) -> None:
         assert self.loop is not None
         request_id = f"r{planned.index}"
         tenant = planned.tenant
@@ -235,18 +244,22 @@ class _Client:
             slo_class=planned.slo_class,
             weight=self.weights.get(tenant, 1.0),
         )
-        self.sent[request_id] = (planned, now)
-        self._in_flight += 1
+        self.sent[request_id] = (planned, now, attempt)
+        if not attempt:
+            self._in_flight += 1  # a retry holds the slot of its first try
         self.loop.arrive(now, request)
 
     def on_finished(self, result: ChoiceResult) -> None:
         assert self.loop is not None
-        planned, sent = self.sent.pop(result.request_id)
-        self._records[planned.index] = _record(
-            planned, sent, result, self.weights.get(planned.tenant, 1.0)
-        )
-        self._in_flight -= 1
+        planned, sent, attempt = self.sent.pop(result.request_id)
+        record = _record(planned, sent, result, self.weights.get(planned.tenant, 1.0), attempt)
+        self._records[planned.index, attempt] = record
         now = self.loop.clock.now()
+        wait = record.retry_after_s
+        if attempt < self.retries and record.status in (429, 503) and wait is not None:
+            self.loop.call_at(now + wait, lambda t: self._send(planned, t, attempt + 1))
+            return
+        self._in_flight -= 1
         if self.spec.closed_loop:
             think = self.spec.think_s
             if think > 0:
@@ -276,7 +289,7 @@ def _status(result: ChoiceResult) -> int:
 
 
 def _record(
-    planned: PlannedRequest, sent: float, result: ChoiceResult, weight: float
+    planned: PlannedRequest, sent: float, result: ChoiceResult, weight: float, attempt: int = 0
 ) -> RequestRecord:
     status = _status(result)
     common: dict[str, Any] = {
@@ -289,12 +302,15 @@ def _record(
         "scheduled": planned.arrival,
         "weight": weight,
         "status": status,
+        "attempt": attempt,
     }
     t = result.timings
     if status != 200:
         # Refused before the stream began: the client sees a status and a message at once.
         why = result.error or result.finish_reason.value
-        return RequestRecord(**common, ok=False, finished=t.finished, error=why)
+        return RequestRecord(
+            **common, ok=False, finished=t.finished, error=why, retry_after_s=result.retry_after_s
+        )
     return RequestRecord(
         **common,
         ok=True,

@@ -195,6 +195,9 @@ def sim(
     length_scale: Annotated[float, typer.Option(help="trace: prompts and answers × this")] = 1.0,
     users: Annotated[int | None, typer.Option(help="override: closed loop, N users")] = None,
     concurrency: Annotated[int | None, typer.Option(help="override: cap in flight")] = None,
+    retries: Annotated[
+        int, typer.Option(min=0, help="a refused request is sent again at its retry-after")
+    ] = 0,
     seed: Annotated[int | None, typer.Option(help="override: seed")] = None,
     endpoint: Annotated[Endpoint | None, typer.Option(help="override: endpoint")] = None,
     cost_model: Annotated[
@@ -287,12 +290,13 @@ def sim(
         console.print(f"[red]settings: {exc}")
         raise typer.Exit(code=2) from None
     server = ServerCost(server_cycle_ms / 1e3, server_token_ms / 1e3)
-    outcome = simulate(spec, plan, config, info, timed, server, profile)
+    outcome = simulate(spec, plan, config, info, timed, server, profile, retries=retries)
     name = label or f"{spec.name}-sim-{config.policy.value}"
     out = out or Path("bench/results") / f"{name}.json"
     summary = summarize(outcome.records, spec.targets, window_s=spec.window_s)
     flags = {
         "simulated": True,
+        "retries": retries,
         "policy": config.policy.value,
         "cost_model": str(model_path),
         "speed_factor": speed["factor"],
