@@ -205,9 +205,13 @@ def scenarios(
         Path | None, typer.Option(help="llama-server binary (default: the built one)")
     ] = None,
     scale: Annotated[float, typer.Option(help="shrink counts and durations")] = 1.0,
+    overload_rate: Annotated[
+        float | None,
+        typer.Option(min=0.01, help="overload's requests/s (default: ~2x this machine's)"),
+    ] = None,
 ) -> None:
     """Every scenario against every server in turn (fresh, default settings): one table."""
-    from app.lab.bench.scenarios import ALL
+    from app.lab.bench.scenarios import ALL, overload
     from app.lab.bench.servers import LLAMA_SERVERS, RealServers, find_llama_server
     from app.lab.bench.suite import run_suite
     from app.server.settings import default_model_path
@@ -225,8 +229,41 @@ def scenarios(
     launcher = RealServers(model or default_model_path(), threads, port, binary)
     # SIGTERM unwinds like Ctrl-C: the server under test is stopped on the way out.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    run_suite([ALL[n](scale) for n in names], chosen, launcher, out, console.print)
+    if "overload" in names and overload_rate is None:
+        overload_rate = machine_overload_rate(model or default_model_path(), threads)
+    chosen_scenarios = [
+        overload(scale, overload_rate) if n == "overload" and overload_rate else ALL[n](scale)
+        for n in names
+    ]
+    run_suite(chosen_scenarios, chosen, launcher, out, console.print)
     write_tables(out)
+
+
+def machine_overload_rate(model: Path, threads: int) -> float:
+    """Overload at about twice this machine's capacity: the reference machine's rate over
+    how many times slower this one runs the reference probe (about 5 s on the engine) than
+    the committed cost model's calibration did. The reference rate where it cannot tell."""
+    from app.lab.bench.scenarios import OVERLOAD_RATE
+    from app.lab.calibrate.command import measure_probe_alone
+    from app.lab.calibrate.probe import speed_factor
+    from app.lab.sim.command import CostModelMissing, default_cost_model_path
+    from app.server.settings import ModelNotFoundError, Settings
+    from quanta_core.engine.errors import EngineError
+    from quanta_core.sim.cost_model import CostModel
+
+    try:
+        reference = CostModel.load(default_cost_model_path())
+        settings = Settings(model_path=model, threads=threads)
+        factor = speed_factor(measure_probe_alone(settings).total_s, reference)
+    except (ValueError, CostModelMissing, EngineError, ModelNotFoundError) as exc:
+        console.print(f"overload: the reference rate, {OVERLOAD_RATE}/s ({exc})")
+        return OVERLOAD_RATE
+    rate = OVERLOAD_RATE / factor
+    console.print(
+        f"overload: this machine runs the reference probe x{factor:.2f} the calibration's "
+        f"time: {rate:.2f} requests/s (the reference machine's {OVERLOAD_RATE}/s)"
+    )
+    return rate
 
 
 def write_tables(out: Path) -> None:
