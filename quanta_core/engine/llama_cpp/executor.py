@@ -2,7 +2,7 @@
 
     server process                              worker process
     ──────────────                              ──────────────
-    LlamaCppExecutor.step(plan)   (or step_async, where the event loop waits and reads)
+    LlamaCppExecutor.step(plan)   (or start_step, where the event loop waits and reads)
       KvMirror.check(plan)   (bad plan: refused here, nothing sent)
       attach stashed bytes for Restore ops
       send StepCall  ───── Unix socket ───────▶  kv ops, llama_decode, sample
@@ -33,6 +33,7 @@ import msgspec
 from quanta_core.engine.config import EngineConfig
 from quanta_core.engine.errors import (
     EngineDied,
+    EngineError,
     EngineHung,
     EngineInputError,
     EngineStartError,
@@ -168,31 +169,46 @@ class LlamaCppExecutor:
         channel, after = self._send_step(plan)
         return self._finish_step(channel, plan, after, t0)
 
-    async def step_async(self, plan: StepPlan) -> StepResult:
-        """``step`` for an event loop: the call is sent from the loop's thread, so the worker
-        starts at once, and the loop itself reads the reply: it watches the socket, the
+    def start_step(self, plan: StepPlan) -> asyncio.Future[StepResult]:
+        """Send ``plan`` now, from the running loop's thread, so the worker starts at once;
+        the future of its result, which the loop itself reads: it watches the socket, the
         worker's heads-up wakes it, and it polls for the reply behind the heads-up (up to
         ``reply_spin_s``) without blocking. No thread hands the reply over: such a thread
         would have to win the interpreter lock from a loop busy with the streams, which costs
-        most at many streams (bench/results/ab/). Plans that move stash bytes (large frames) are
-        sent and read by a thread of this executor. A cancelled caller does not cancel the
-        step: it completes, and the next waits for it."""
-        await self._previous_step()
-        if any(isinstance(op, Stash | Restore) for op in plan.kv_ops):
-            self._in_flight = asyncio.wrap_future(self._stash_thread.submit(self.step, plan))
+        most at many streams (bench/results/ab/). The caller awaits that future itself, with
+        no task between: each task or shield between the reply and the caller would cost the
+        next step a turn of the loop. Plans that move stash bytes (large frames) are sent and
+        read by a thread of this executor. A step still in flight (its caller was cancelled)
+        runs to its end first, its mirror moved on, then this one is sent."""
+        previous = self._in_flight
+        if previous is not None and not previous.done():
+            self._in_flight = asyncio.ensure_future(self._after(previous, plan))
         else:
-            t0 = time.perf_counter()
-            channel, after = self._send_step(plan)
-            self._in_flight = self._read_on_loop(
-                channel, lambda reply: self._step_result(plan, after, reply, t0)
-            )
-        return await asyncio.shield(self._in_flight)
+            self._in_flight = self._send_now(plan)
+        return self._in_flight
 
-    async def _previous_step(self) -> None:
-        """A step whose caller was cancelled still runs to its end (its reply read, the
-        mirror moved on): the next one waits for that."""
-        if self._in_flight is not None and not self._in_flight.done():
-            await asyncio.wait([self._in_flight])
+    async def step_async(self, plan: StepPlan) -> StepResult:
+        """``start_step``, awaited; a cancelled caller does not cancel the step: it
+        completes, and the next waits for it."""
+        return await asyncio.shield(self.start_step(plan))
+
+    async def _after(self, previous: asyncio.Future[StepResult], plan: StepPlan) -> StepResult:
+        await asyncio.wait([previous])
+        return await self._send_now(plan)
+
+    def _send_now(self, plan: StepPlan) -> asyncio.Future[StepResult]:
+        """The step sent; a plan refused or a send failed is the future's exception, as a
+        reply's failure is."""
+        if any(isinstance(op, Stash | Restore) for op in plan.kv_ops):
+            return asyncio.wrap_future(self._stash_thread.submit(self.step, plan))
+        t0 = time.perf_counter()
+        try:
+            channel, after = self._send_step(plan)
+        except EngineError as exc:
+            failed: asyncio.Future[StepResult] = asyncio.get_running_loop().create_future()
+            failed.set_exception(exc)
+            return failed
+        return self._read_on_loop(channel, lambda reply: self._step_result(plan, after, reply, t0))
 
     def _read_on_loop(
         self, channel: Channel, finish: Callable[[object], StepResult]
