@@ -26,6 +26,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
@@ -134,6 +135,16 @@ class _Worker:
         self.kill()
 
 
+@dataclass(slots=True)
+class _Reading:
+    """A step sent from the loop, whose reply the loop reads."""
+
+    channel: Channel
+    finish: Callable[[object], StepResult]
+    done: asyncio.Future[StepResult]
+    timer: asyncio.TimerHandle | None = None
+
+
 class LlamaCppExecutor:
     """Implements ``Executor`` over a llama.cpp worker process."""
 
@@ -147,6 +158,9 @@ class LlamaCppExecutor:
         self.restarts = 0
         self._stash_thread = ThreadPoolExecutor(1, thread_name_prefix="quanta-engine-stash")
         self._in_flight: asyncio.Future[StepResult] | None = None
+        self._reading: _Reading | None = None  # the step whose reply the loop waits for
+        self._watched: Channel | None = None  # the socket the loop watches, and that loop
+        self._watched_on: tuple[asyncio.AbstractEventLoop, int] | None = None
 
     @classmethod
     def start(cls, config: EngineConfig) -> LlamaCppExecutor:
@@ -214,33 +228,65 @@ class LlamaCppExecutor:
         self, channel: Channel, finish: Callable[[object], StepResult]
     ) -> asyncio.Future[StepResult]:
         """The step's result, once the running loop has read the reply and ``finish`` made it
-        a result; a worker that has not answered within ``step_timeout_s`` is hung."""
+        a result; a worker that has not answered within ``step_timeout_s`` is hung.
+
+        The loop keeps watching the socket from one step to the next: the next step is
+        usually sent before the loop turns again, and two ``epoll_ctl`` calls a step (one of
+        them between the reply and the next plan) cost more than the check that a loop left
+        with no step in flight stops watching (``_unwatch_if_idle``)."""
         loop = asyncio.get_running_loop()
-        done: asyncio.Future[StepResult] = loop.create_future()
-        fd = channel.sock.fileno()
+        reading = _Reading(channel, finish, loop.create_future())
+        reading.timer = loop.call_later(
+            self.config.step_timeout_s, lambda: self._settle(reading, self._hung())
+        )
+        self._reading = reading
+        if self._watched is not channel:
+            self._unwatch()
+            fd = channel.sock.fileno()
+            loop.add_reader(fd, self._readable)
+            self._watched, self._watched_on = channel, (loop, fd)
+        return reading.done
 
-        def settle(outcome: StepResult | Exception) -> None:
+    def _readable(self) -> None:
+        reading = self._reading
+        if reading is None:  # no step awaits the socket (an EOF, say): the next one reads it
+            self._unwatch()
+            return
+        try:
+            with self._worker_errors():
+                reply = reading.channel.recv_nowait(self.config.reply_spin_s)
+            if reply is not None:
+                self._settle(reading, reading.finish(reply))
+        except Exception as exc:
+            self._settle(reading, exc)
+
+    def _settle(self, reading: _Reading, outcome: StepResult | Exception) -> None:
+        if self._reading is not reading:
+            return  # settled already
+        self._reading = None
+        if reading.timer is not None:
+            reading.timer.cancel()
+        if isinstance(outcome, Exception):
+            self._unwatch()  # the worker is likely gone, and its socket with it
+        else:
+            # After the waiter's wake-up, which usually sends the next step first.
+            asyncio.get_running_loop().call_soon(self._unwatch_if_idle)
+        if reading.done.done():
+            return  # its caller was cancelled
+        if isinstance(outcome, Exception):
+            reading.done.set_exception(outcome)
+        else:
+            reading.done.set_result(outcome)
+
+    def _unwatch_if_idle(self) -> None:
+        if self._reading is None:
+            self._unwatch()
+
+    def _unwatch(self) -> None:
+        if self._watched_on is not None:
+            loop, fd = self._watched_on  # the number it had: a closed socket's is -1
             loop.remove_reader(fd)
-            timer.cancel()
-            if done.done():
-                return
-            if isinstance(outcome, Exception):
-                done.set_exception(outcome)
-            else:
-                done.set_result(outcome)
-
-        def readable() -> None:
-            try:
-                with self._worker_errors():
-                    reply = channel.recv_nowait(self.config.reply_spin_s)
-                if reply is not None:
-                    settle(finish(reply))
-            except Exception as exc:
-                settle(exc)
-
-        timer = loop.call_later(self.config.step_timeout_s, lambda: settle(self._hung()))
-        loop.add_reader(fd, readable)
-        return done
+        self._watched, self._watched_on = None, None
 
     def _finish_step(
         self, channel: Channel, plan: StepPlan, after: KvMirror, t0: float
