@@ -249,22 +249,14 @@ class Engine:
     ) -> list[SeqOutput]:
         outputs = []
         last = max((k for k, sampler in enumerate(samplers) if sampler is not None), default=-1)
-        notified = False
-
-        def heads_up() -> None:
-            nonlocal notified
-            if not notified:
-                notified = True
-                before_last()
-
-        greedy = self._greedy_tokens(slices, samplers, last, heads_up)
+        greedy = self._greedy_tokens(slices, samplers)
         i = 0
         for k, (s, sampler) in enumerate(zip(slices, samplers, strict=True)):
             i += len(s.tokens)
             if sampler is None:
                 continue
             if k == last:
-                heads_up()
+                before_last()
             token = greedy.get(k)
             if token is not None:
                 outputs.append(SeqOutput(s.seq, token))
@@ -284,17 +276,11 @@ class Engine:
         return outputs
 
     def _greedy_tokens(
-        self,
-        slices: tuple[SeqSlice, ...],
-        samplers: list[Sampler | None],
-        last: int,
-        before_last: Callable[[], None],
+        self, slices: tuple[SeqSlice, ...], samplers: list[Sampler | None]
     ) -> dict[int, int]:
         """Slice index -> token for the plain greedy samplers, all from one argmax over the
         step's logits (outputs are in batch order: one row per sampled slice). A row whose
-        argmax is a token its chain biases is left to its chain. When slice ``last`` is among
-        them, ``before_last`` is called once the logits are there (on a GPU, once the step
-        has run) and before the argmax: the caller's wake-up then overlaps it."""
+        argmax is a token its chain biases is left to its chain."""
         rows: list[int] = []
         picks: list[int] = []
         n_out = 0
@@ -307,9 +293,7 @@ class Engine:
             n_out += 1
         if not rows:
             return {}
-        ptr = llama_cpp.llama_get_logits(self.ctx)  # waits for the step (a GPU's is async)
-        if picks[-1] == last:
-            before_last()
+        ptr = llama_cpp.llama_get_logits(self.ctx)
         logits = np.ctypeslib.as_array(ptr, shape=(n_out, self.n_vocab))
         tokens = greedy_rows(logits if len(rows) == n_out else logits[rows]).tolist()
         chosen = {}
