@@ -209,8 +209,8 @@ class MeanCosts:
 def _max_seqs(estimate: Callable[[int, int], float], target_s: float, limit: int) -> int:
     """The largest n in 1..``limit`` whose decode step (n sequences, a token each) fits
     ``target_s``, 1 when none does. A bisection: the step's price only grows with n (the
-    slopes are kept positive), and the policies ask this every cycle with ``limit`` the
-    running slots, 256 on a GPU, where a count up from 1 cost the next plan ~0.1 ms."""
+    slopes are kept positive), and the policies ask this every cycle, before the next plan,
+    with ``limit`` the running slots (256 on a GPU): a count up from 1 is linear in them."""
     lo, hi = 1, limit
     while lo < hi:
         mid = (lo + hi + 1) // 2
