@@ -228,12 +228,12 @@ def children_cpu_s(pid: int) -> float:
 
 
 class Server:
-    """A throw-away `quanta run` (or llama-server) on PORT, with its own database."""
+    """A throw-away `quanta run` (or llama-server) on ``port``, with its own database."""
 
-    def __init__(self, argv: list[str], env: dict[str, str], health: str) -> None:
+    def __init__(self, argv: list[str], env: dict[str, str], health: str, port: int = PORT) -> None:
         self.state = tempfile.mkdtemp(prefix="quanta-gpu-")
         self.env = {**os.environ, **env}
-        self.argv, self.health = argv, health
+        self.argv, self.health, self.port = argv, health, port
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -243,7 +243,9 @@ class Server:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{self.argv[0]} exited with {self.proc.returncode}")
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{PORT}{self.health}", timeout=2):
+                with urllib.request.urlopen(
+                    f"http://127.0.0.1:{self.port}{self.health}", timeout=2
+                ):
                     return
             except OSError:
                 time.sleep(0.25)
@@ -258,17 +260,22 @@ class Server:
                 self.proc.kill()
 
 
-def quanta_server(model: str, extra: dict[str, str] | None = None) -> tuple[Server, str]:
+def quanta_server(
+    model: str, extra: dict[str, str] | None = None, port: int = PORT, code: str | None = None
+) -> tuple[Server, str]:
+    """`quanta run` on ``port``; ``code``: a PYTHONPATH that puts another tree of Quanta's
+    source first (the code before a change), for the server and its set-up commands."""
     state = tempfile.mkdtemp(prefix="quanta-db-")
     env = {
         "QUANTA_DATABASE_URL": f"sqlite+aiosqlite:///{state}/quanta.db",
         "QUANTA_DATA_DIR": f"{state}/data",
         "QUANTA_CONFIG": "/nonexistent/quanta.toml",
         "QUANTA_MODEL_PATH": model,
-        "QUANTA_PORT": str(PORT),
+        "QUANTA_PORT": str(port),
         "QUANTA_LOG_LEVEL": "warning",
         **GPU_ENV,
         **(extra or {}),
+        **({"PYTHONPATH": code} if code else {}),
     }
     full = {**os.environ, **env}
     subprocess.run(["quanta", "migrate"], env=full, check=True, capture_output=True)
@@ -276,7 +283,7 @@ def quanta_server(model: str, extra: dict[str, str] | None = None) -> tuple[Serv
         ["quanta", "tenants", "create", "bench"], env=full, check=True, capture_output=True
     ).stdout.decode()
     key = next(ln.split(": ", 1)[1] for ln in out.splitlines() if ln.startswith("api key"))
-    return Server(["quanta", "run"], env, "/readyz"), key
+    return Server(["quanta", "run"], env, "/readyz", port), key
 
 
 def workload(path: Path, b: int, tokens: int, prompt: int = PROMPT) -> Path:
@@ -324,50 +331,76 @@ def decode_window(results: Path) -> dict[str, float]:
 
 
 def served(
-    model: str, streams: tuple[int, ...], tokens: int, out: Path, extra: dict[str, str]
-) -> list[dict[str, Any]]:
-    """One server for every size, its steps traced: each size's row gets the medians of its
-    full decode steps (every stream, one token each) from the trace."""
-    trace = Path(tempfile.mkdtemp(prefix="quanta-trace-")) / "steps.jsonl"
-    server, key = quanta_server(model, {**extra, "QUANTA_STEP_TRACE": str(trace)})
-    server.start()
-    assert server.proc is not None
-    rows: list[dict[str, Any]] = []
-    spans: list[tuple[float, float]] = []
-    client_log = Path(server.state) / "client.log"
+    model: str,
+    streams: tuple[int, ...],
+    tokens: int,
+    out: Path,
+    extra: dict[str, str],
+    codes: dict[str, str | None],
+) -> dict[str, list[dict[str, Any]]]:
+    """One server per entry of ``codes`` (a name: the PYTHONPATH of its code, None for this
+    tree's), all up at once on their own ports, their steps traced; at each size they serve
+    in turns (the first of each pair alternates), so both see the machine as it is then.
+    Each size's row gets the medians of its full decode steps (every stream, one token each)
+    from its server's trace."""
+    servers: dict[str, tuple[Server, str, Path]] = {}
+    rows: dict[str, list[dict[str, Any]]] = {name: [] for name in codes}
+    spans: dict[str, list[tuple[float, float]]] = {name: [] for name in codes}
     try:
-        for b in streams:
-            wl = workload(out / f"wl-{b}.toml", b, tokens)
-            res = Path(server.state) / f"served-{b}.json"
-            cpu0, t0 = cpu_s(server.proc.pid), time.perf_counter()
-            worker0, mono0 = children_cpu_s(server.proc.pid), time.monotonic()
-            client_cpu = client(["--url", f"http://127.0.0.1:{PORT}", "--api-key", key,
-                                 "--workload", str(wl), "--out", str(res)],
-                                client_log)  # fmt: skip
-            wall, cpu = time.perf_counter() - t0, cpu_s(server.proc.pid) - cpu0
-            worker = children_cpu_s(server.proc.pid) - worker0
-            spans.append((mono0, time.monotonic()))
-            row: dict[str, Any] = {"streams": b, **decode_window(res), "wall_s": wall,
-                                   "server_cpu_s": cpu}  # fmt: skip
-            row["worker_cpu_us_per_token"] = worker / row["output_tokens"] * 1e6
-            row["server_cpu_us_per_token"] = cpu / row["output_tokens"] * 1e6
-            row["client_cpu_us_per_token"] = client_cpu / row["output_tokens"] * 1e6
-            rows.append(row)
-            wl.unlink()
-            log(
-                f"served {b:4d} streams: {row['decode_tokens_per_s']:8.1f} tokens/s decoding, "
-                f"server {row['server_cpu_us_per_token']:.0f} us CPU/token, "
-                f"client {row['client_cpu_us_per_token']:.0f}, "
-                f"engine worker {row['worker_cpu_us_per_token']:.0f}"
-            )
+        for i, (name, code) in enumerate(codes.items()):
+            trace = Path(tempfile.mkdtemp(prefix="quanta-trace-")) / "steps.jsonl"
+            server, key = quanta_server(model, {**extra, "QUANTA_STEP_TRACE": str(trace)},
+                                        PORT + 1 + i, code)  # fmt: skip
+            server.start()
+            servers[name] = (server, key, trace)
+        for j, b in enumerate(streams):
+            names = list(codes) if j % 2 == 0 else list(reversed(codes))
+            for name in names:
+                server, key, _ = servers[name]
+                row, span = served_size(server, key, b, tokens, out)
+                rows[name].append(row)
+                spans[name].append(span)
+                log(
+                    f"{name} {b:4d} streams: {row['decode_tokens_per_s']:8.1f} tokens/s "
+                    f"decoding, server {row['server_cpu_us_per_token']:.0f} us CPU/token, "
+                    f"client {row['client_cpu_us_per_token']:.0f}, "
+                    f"engine worker {row['worker_cpu_us_per_token']:.0f}"
+                )
     finally:
-        server.stop()
-    steps = [json.loads(line) for line in trace.open()]
-    for row, (lo, hi) in zip(rows, spans, strict=True):
-        row["steps"] = trace_summary([r for r in steps if lo <= r["start"] <= hi], row["streams"])
-        log(f"  steps of {row['streams']}: {row['steps']}")
-    trace.unlink()
+        for server, _, _ in servers.values():
+            server.stop()
+    for name, (_, _, trace) in servers.items():
+        steps = [json.loads(line) for line in trace.open()]
+        for row, (lo, hi) in zip(rows[name], spans[name], strict=True):
+            at = [r for r in steps if lo <= r["start"] <= hi]
+            row["steps"] = trace_summary(at, row["streams"])
+            log(f"  {name}, steps of {row['streams']}: {row['steps']}")
+        trace.unlink()
     return rows
+
+
+def served_size(
+    server: Server, key: str, b: int, tokens: int, out: Path
+) -> tuple[dict[str, Any], tuple[float, float]]:
+    """B streams at once against ``server``: its row, and the span of the run (monotonic)."""
+    assert server.proc is not None
+    wl = workload(out / f"wl-{b}.toml", b, tokens)
+    res = Path(server.state) / f"served-{b}.json"
+    cpu0, t0 = cpu_s(server.proc.pid), time.perf_counter()
+    worker0, mono0 = children_cpu_s(server.proc.pid), time.monotonic()
+    client_cpu = client(["--url", f"http://127.0.0.1:{server.port}", "--api-key", key,
+                         "--workload", str(wl), "--out", str(res)],
+                        Path(server.state) / "client.log")  # fmt: skip
+    wall, cpu = time.perf_counter() - t0, cpu_s(server.proc.pid) - cpu0
+    worker = children_cpu_s(server.proc.pid) - worker0
+    span = (mono0, time.monotonic())
+    row: dict[str, Any] = {"streams": b, **decode_window(res), "wall_s": wall,
+                           "server_cpu_s": cpu}  # fmt: skip
+    row["worker_cpu_us_per_token"] = worker / row["output_tokens"] * 1e6
+    row["server_cpu_us_per_token"] = cpu / row["output_tokens"] * 1e6
+    row["client_cpu_us_per_token"] = client_cpu / row["output_tokens"] * 1e6
+    wl.unlink()
+    return row, span
 
 
 def trace_summary(steps: list[dict[str, Any]], b: int) -> dict[str, Any]:
@@ -419,11 +452,18 @@ def cmd_serve(args: argparse.Namespace) -> dict[str, Any]:
     # served at that size, so each row records how many completed.
     policy = {"QUANTA_POLICY": args.serve_policy}
     if "served" in parts:
-        keep("served", served(args.model, streams, args.tokens, args.out, policy))
+        # With BENCH_BEFORE (a PYTHONPATH: gpu_run.sh sets it from the carried tree of the
+        # code before a change), that code serves too, in turns with this tree's.
+        before = os.environ.get("BENCH_BEFORE")
+        codes = {"served_before": before, "served": None} if before else {"served": None}
+        for name, rows in served(args.model, streams, args.tokens, args.out, policy,
+                                 codes).items():  # fmt: skip
+            keep(name, rows)
     if "plain" in parts:  # the smallest, a middle and the largest size: device time is short
         sizes = tuple(sorted({streams[0], streams[len(streams) // 2], streams[-1]}))
-        keep("served_no_overlap", served(args.model, sizes, args.tokens, args.out,
-                                         {**policy, "QUANTA_OVERLAP_STEPS": "false"}))  # fmt: skip
+        plain = {**policy, "QUANTA_OVERLAP_STEPS": "false"}
+        rows = served(args.model, sizes, args.tokens, args.out, plain, {"plain": None})
+        keep("served_no_overlap", rows["plain"])
     done["settings_from_environment"] = {
         k: v for k, v in os.environ.items() if k.startswith("QUANTA_")
     }
@@ -435,6 +475,7 @@ def cmd_serve(args: argparse.Namespace) -> dict[str, Any]:
 def serve_table(done: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per size: tokens/s of each part that ran, served / raw, server CPU/token."""
     names = {"raw": "tokens_per_s", "engine": "tokens_per_s", "served": "decode_tokens_per_s",
+             "served_before": "decode_tokens_per_s",
              "served_no_overlap": "decode_tokens_per_s"}  # fmt: skip
     parts = [p for p in names if p in done]
     table = []
@@ -448,7 +489,7 @@ def serve_table(done: dict[str, Any]) -> list[dict[str, Any]]:
             if "server_cpu_us_per_token" in r:
                 row[f"{part}_server_cpu_us_per_token"] = r["server_cpu_us_per_token"]
                 row[f"{part}_completed"] = r["completed"]
-        for part in ("served", "served_no_overlap"):
+        for part in ("served", "served_before", "served_no_overlap"):
             if part in row and "raw" in row:
                 row[f"{part}_over_raw"] = row[part] / row["raw"]
         table.append(row)

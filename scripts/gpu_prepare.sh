@@ -9,13 +9,17 @@
 #                      what a CUDA + CPU build of libllama and llama-server needs
 #   whl/               a wheel of Quanta built from this tree, and the wheels of its
 #                      dependencies that the machine's image lacks (CPython 3.12, x86-64)
+#   quanta-src.tar.gz  this tree's source (uncommitted edits included)
+#   quanta-before-src.tar.gz   the source at commit BEFORE (unset: none), which the serve
+#                      bench runs in turns with this tree's (BENCH_BEFORE on the device)
 #   gpu_run.sh, make_synthetic_gguf.py, gpu_bench.py   the device-side scripts
 # and DEST is added to the checkout's .git/info/exclude. Then, on the device:
 #   run(command="bash .gpu/gpu_run.sh go 565 build serve llama calibrate", carry=[".gpu"])
 #   (then `go 565` again at once: bench/results/gpu/README.md)
 #
 # Environment: PYTHON (default: the checkout's .venv/bin/python, else /work/main/.venv), SDIST
-# (a llama_cpp_python-<version>.tar.gz already downloaded; default: downloaded through pip).
+# (a llama_cpp_python-<version>.tar.gz already downloaded; default: downloaded through pip),
+# BEFORE (a commit: its server code is measured beside this tree's; unset: not).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -88,6 +92,10 @@ done
 git -C "$ROOT" ls-files -co --exclude-standard -- app quanta_core migrations alembic.ini \
     pyproject.toml scripts config bench/workloads |
     tar -C "$ROOT" -czf "$DEST/quanta-src.tar.gz" -T -
+if [[ -n "${BEFORE:-}" ]]; then
+    git -C "$ROOT" archive --format=tar.gz -o "$DEST/quanta-before-src.tar.gz" "$BEFORE" -- \
+        app quanta_core migrations config alembic.ini pyproject.toml
+fi
 
 # 3. The device-side scripts.
 cp "$ROOT"/scripts/{gpu_run.sh,make_synthetic_gguf.py,gpu_bench.py} "$DEST/"

@@ -22,7 +22,8 @@
 # Everything built stays in $WORK (default /tmp/quanta-gpu) so that later calls on the same warm
 # machine skip the build; a fresh machine builds again (about 5 minutes on 16 cores).
 # Environment: WORK, JOBS (default nproc), BUILD_TARGETS (default: llama mtmd llama-server;
-# `serve` needs only llama), BENCH_ARGS (more gpu_bench.py flags).
+# `serve` needs only llama), BENCH_ARGS (more gpu_bench.py flags). A carried
+# quanta-before-src.tar.gz (gpu_prepare.sh with BEFORE) is served in turns with this tree.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -116,6 +117,14 @@ env_quanta() {
         export LD_LIBRARY_PATH="$(cat "$WORK/.ld_path")"
     fi
     export PYTHONPATH="$WORK/quanta:$SITE" LD_LIBRARY_PATH="$SITE/llama_cpp/lib:${LD_LIBRARY_PATH:-}"
+    # The code before a change, if carried: the serve bench runs its server in turns with
+    # this tree's (gpu_bench.py, BENCH_BEFORE).
+    rm -rf "$WORK/quanta-before"
+    if [[ -f "$HERE/quanta-before-src.tar.gz" ]]; then
+        mkdir -p "$WORK/quanta-before"
+        tar -xzf "$HERE/quanta-before-src.tar.gz" -C "$WORK/quanta-before"
+        export BENCH_BEFORE="$WORK/quanta-before:$SITE"
+    fi
     export PATH="$SITE/bin:$PATH"
 }
 

@@ -176,10 +176,10 @@ class LoopStepped(FakeExecutor):
         self.seen = seen
         self.seen_at_step: list[int] = []
 
-    async def step_async(self, plan: StepPlan) -> StepResult:
+    def start_step(self, plan: StepPlan) -> asyncio.Future[StepResult]:
         self.seen_at_step.append(len(self.seen))
-        await asyncio.sleep(0)  # the engine computes; the loop is free meanwhile
-        return self.step(plan)
+        loop = asyncio.get_running_loop()
+        return loop.run_in_executor(None, self.step, plan)  # the loop is free meanwhile
 
 
 @pytest.mark.parametrize("overlap", [False, True])

@@ -363,6 +363,31 @@ async def test_a_worker_killed_during_step_async_is_a_typed_error(model_path: Pa
         assert len((await ex.step_async(plan)).outputs) == 1
 
 
+async def test_loop_steps_mix_with_stash_steps_and_a_death_between_steps(
+    model_path: Path,
+) -> None:
+    """The loop keeps watching the worker's socket from one step to the next: a stash step
+    (sent by a thread) between loop steps, and a worker that dies while no step is in
+    flight, are each found by the next step."""
+    config = EngineConfig(model_path=str(model_path), n_ctx=512, n_seq_max=2, threads=1)
+    with LlamaCppExecutor.start(config) as ex:
+        first = await ex.start_step(StepPlan(slices=(SeqSlice(0, (1, 2, 3), 0, True, "k"),)))
+        await ex.start_step(StepPlan(kv_ops=(Stash(0, "s"),)))
+        await ex.start_step(StepPlan(kv_ops=(Restore(0, "s"),)))
+        token = first.outputs[0].token
+        again = await ex.start_step(StepPlan(slices=(SeqSlice(0, (token,), 3, True, "k"),)))
+        assert len(again.outputs) == 1
+        pid = ex.pid
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        await asyncio.sleep(0.2)  # the socket's end comes while no step waits for it
+        with pytest.raises(EngineDied):
+            await ex.start_step(StepPlan(slices=(SeqSlice(0, (5,), 4, True, "k"),)))
+        ex.restart()
+        plan = StepPlan(slices=(SeqSlice(0, (1, 2), 0, True, "k"),))
+        assert len((await ex.start_step(plan)).outputs) == 1
+
+
 def test_a_hung_worker_is_detected_by_the_timeout(model_path: Path) -> None:
     config = EngineConfig(
         model_path=str(model_path),

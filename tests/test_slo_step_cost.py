@@ -49,6 +49,27 @@ def test_caps_under_a_target() -> None:
     )
 
 
+def test_the_running_cap_is_the_last_count_whose_step_fits_at_every_state() -> None:
+    """The cap is found by bisection: the same count as adding streams one by one until
+    the next one's step would not fit, for a learnt model and its mean, at any target and
+    limit (256 running slots on a GPU included)."""
+
+    def counted(estimate: object, target: float, limit: int) -> int:
+        n = 1
+        while n < limit and estimate(n + 1, n + 1) <= target:  # type: ignore[operator]
+            n += 1
+        return n
+
+    cost = StepCostModel(SloConfig())
+    for step in range(40):  # a GPU-like engine: 4 ms a step, 0.2 ms a stream, noisy
+        n = 1 + (step * 37) % 256
+        cost.observe(n, n, (0.004 + 0.0002 * n) * (1 + 0.3 * ((step * 7) % 5) / 5))
+    for model in (cost, cost.at_mean()):
+        for target in (0.0, 0.004, 0.0042, 0.01, 0.03, 0.05, 0.0556, 0.2, 1.0):
+            for limit in (0, 1, 2, 3, 16, 64, 255, 256):
+                assert model.max_seqs(target, limit) == counted(model.estimate, target, limit)
+
+
 def synthetic(base: float, seq: float, tok: float, n_seqs: int, n_tokens: int) -> float:
     return base + seq * n_seqs + tok * (n_tokens - n_seqs)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Protocol, runtime_checkable
 
 from quanta_core.engine.types import EngineInfo, MemoryStats, StepPlan, StepResult
@@ -31,7 +32,9 @@ class Executor(Protocol):
 @runtime_checkable
 class SteppedFromLoop(Protocol):
     """An executor that can also be stepped from an event loop (the real engine: it sends
-    the call from the loop's thread and reads the reply in its own). Same contract as
-    ``Executor.step``."""
+    the call from the loop's thread and the loop reads the reply). ``start_step`` sends the
+    plan before it returns, so a caller can send the next step first and do the rest of its
+    work while the engine computes; the future is the result, or the exception that
+    ``Executor.step`` would raise (the same contract)."""
 
-    async def step_async(self, plan: StepPlan) -> StepResult: ...
+    def start_step(self, plan: StepPlan) -> asyncio.Future[StepResult]: ...

@@ -16,8 +16,10 @@ the event loop's thread (a cycle's bookkeeping is small); ``executor.step`` and
 stays free for HTTP while the engine works, and scheduler state is touched by one thread only.
 An executor that can be stepped from the loop (``SteppedFromLoop``: the llama.cpp worker's
 call is sent from the loop's thread and its reply read by the loop itself, woken by the
-worker's heads-up) is stepped with ``step_async`` instead, with no hand-off between threads,
-which would cost every cycle a thread switch (bench/results/ab/).
+worker's heads-up) is stepped with ``start_step`` instead, with no hand-off between threads,
+which would cost every cycle a thread switch (bench/results/ab/). Either way a step is sent
+when ``_step`` returns, and the driver awaits the step's own future: a task around it would
+cost every cycle more turns of the loop between the engine's reply and the next plan.
 Each call of ``submit`` / ``cancel`` / ``stop`` wakes an idle loop.
 
 Failures: ``EngineDied`` restarts the executor and hands the scheduler the dead plan
@@ -83,10 +85,12 @@ class Driver:
             raise RuntimeError("the driver is already started")
         self._task = asyncio.create_task(self._run(), name="quanta-driver")
 
-    async def _step(self, plan: StepPlan) -> StepResult:
+    def _step(self, plan: StepPlan) -> asyncio.Future[StepResult]:
+        """Send ``plan`` to the engine now; its result's future."""
         if self._from_loop is not None:
-            return await self._from_loop.step_async(plan)
-        return await self._in_engine_thread(lambda: self.executor.step(plan))
+            return self._from_loop.start_step(plan)
+        loop = asyncio.get_running_loop()
+        return loop.run_in_executor(self._engine_thread, self.executor.step, plan)
 
     async def _in_engine_thread(self, call: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._engine_thread, call)
@@ -174,14 +178,14 @@ class Driver:
             if not self.overlap or self._closing:
                 await self._hand_over(self._dispatch(events))
                 return
-            # The next step goes out first (its task is the first ready when the loop turns),
-            # then the streams take this step's events while the engine computes it.
+            # The next step goes out first, then the streams take this step's events while
+            # the engine computes it.
             plan = sched.schedule()
             events += sched.drain_events()
             if plan.is_empty:
                 await self._hand_over(self._dispatch(events))
                 return
-            step = asyncio.ensure_future(self._step(plan))
+            step = self._step(plan)
             await self._hand_over(self._dispatch(events))
 
     async def _finish_step(self, plan: StepPlan, step: Awaitable[StepResult]) -> StepResult | None:

@@ -137,10 +137,7 @@ class StepCostModel:
 
     def max_seqs(self, target_s: float, limit: int) -> int:
         """The most decoding sequences (one token each) whose step fits ``target_s``; >= 1."""
-        n = 1
-        while n < limit and self.estimate(n + 1, n + 1) <= target_s:
-            n += 1
-        return n
+        return _max_seqs(self.estimate, target_s, limit)
 
     def max_tokens(self, n_seqs: int, target_s: float, limit: int) -> int:
         """The most tokens a step of ``n_seqs`` sequences may carry within ``target_s``.
@@ -206,10 +203,22 @@ class MeanCosts:
 
     def max_seqs(self, target_s: float, limit: int) -> int:
         """The most decoding sequences whose mean step fits ``target_s``; >= 1."""
-        n = 1
-        while n < limit and self.estimate(n + 1, n + 1) <= target_s:
-            n += 1
-        return n
+        return _max_seqs(self.estimate, target_s, limit)
+
+
+def _max_seqs(estimate: Callable[[int, int], float], target_s: float, limit: int) -> int:
+    """The largest n in 1..``limit`` whose decode step (n sequences, a token each) fits
+    ``target_s``, 1 when none does. A bisection: the step's price only grows with n (the
+    slopes are kept positive), and the policies ask this every cycle, before the next plan,
+    with ``limit`` the running slots (256 on a GPU): a count up from 1 is linear in them."""
+    lo, hi = 1, limit
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if estimate(mid, mid) <= target_s:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def _prefill_s(

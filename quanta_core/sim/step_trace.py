@@ -60,7 +60,11 @@ class StepRecord(msgspec.Struct, frozen=True):
 
 
 class StepTracer:
-    """An ``Executor`` that passes every call on to ``inner`` and writes one record per step."""
+    """An ``Executor`` that passes every call on to ``inner`` and writes one record per step.
+
+    Stepped from a loop, a step's record is written once the next step is sent (or at
+    ``restart`` / ``close``): its features and line then cost the engine nothing, where
+    written on the reply they would delay the next plan."""
 
     def __init__(self, inner: Executor, clock: Clock, sink: TextIO) -> None:
         self.inner = inner
@@ -70,72 +74,81 @@ class StepTracer:
         self._last_end: float | None = None
         self._mirror = KvMirror.for_engine(inner.info)
         self._from_loop = inner if isinstance(inner, SteppedFromLoop) else None
+        self._pending: list[tuple[StepPlan, float, float, StepResult]] = []  # in step order
 
     @property
     def info(self) -> EngineInfo:
         return self.inner.info
 
     def step(self, plan: StepPlan) -> StepResult:
-        features, start = self._before(plan)
+        start = self._clock.now()
         try:
             result = self.inner.step(plan)  # an error is not a step: nothing is written
         except EngineDied:
-            self._mirror.forget_engine()
+            self._forget_engine()
             raise
-        return self._record(plan, features, start, result)
-
-    async def step_async(self, plan: StepPlan) -> StepResult:
-        """As ``step``, for a driver on an event loop (see ``SteppedFromLoop``)."""
-        features, start = self._before(plan)
-        try:
-            if self._from_loop is not None:
-                result = await self._from_loop.step_async(plan)
-            else:
-                result = await asyncio.to_thread(self.inner.step, plan)
-        except EngineDied:
-            self._mirror.forget_engine()
-            raise
-        return self._record(plan, features, start, result)
-
-    def _before(self, plan: StepPlan) -> tuple[StepFeatures, float]:
-        mirror = self._mirror
-        return features_of(plan, mirror.lengths, mirror.stash_lengths), self._clock.now()
-
-    def _record(
-        self, plan: StepPlan, features: StepFeatures, start: float, result: StepResult
-    ) -> StepResult:
-        end = self._clock.now()
-        mirror = self._mirror
-        mirror.adopt(mirror.after(plan))  # the engine ran it: it was valid
-        gap = None if self._last_end is None else start - self._last_end
-        self._last_end = end
-        record = StepRecord(
-            start=start,
-            gap=gap,
-            engine=result.timings.engine_s,
-            total=end - start,
-            kv_ops=len(plan.kv_ops),
-            f=tuple(features),
-            plan=plan,
-            decode=result.timings.decode_s,
-            sample=result.timings.sample_s,
-        )
-        self._sink.write(self._encoder.encode(record).decode())
-        self._sink.write("\n")
+        self._pending.append((plan, start, self._clock.now(), result))
+        self._write_pending()
         return result
+
+    def start_step(self, plan: StepPlan) -> asyncio.Future[StepResult]:
+        """As ``step``, for a driver on an event loop (see ``SteppedFromLoop``)."""
+        start = self._clock.now()
+        if self._from_loop is not None:
+            step = self._from_loop.start_step(plan)
+        else:
+            step = asyncio.get_running_loop().run_in_executor(None, self.inner.step, plan)
+        step.add_done_callback(lambda done: self._on_done(plan, start, done))
+        self._write_pending()  # the steps before this one, now that it is sent
+        return step
+
+    def _on_done(self, plan: StepPlan, start: float, step: asyncio.Future[StepResult]) -> None:
+        if step.cancelled():
+            return
+        if step.exception() is None:
+            self._pending.append((plan, start, self._clock.now(), step.result()))
+        elif isinstance(step.exception(), EngineDied):
+            self._forget_engine()
+
+    def _forget_engine(self) -> None:
+        self._write_pending()
+        self._mirror.forget_engine()
+
+    def _write_pending(self) -> None:
+        mirror = self._mirror
+        for plan, start, end, result in self._pending:
+            features = features_of(plan, mirror.lengths, mirror.stash_lengths)
+            mirror.adopt(mirror.after(plan))  # the engine ran it: it was valid
+            gap = None if self._last_end is None else start - self._last_end
+            self._last_end = end
+            record = StepRecord(
+                start=start,
+                gap=gap,
+                engine=result.timings.engine_s,
+                total=end - start,
+                kv_ops=len(plan.kv_ops),
+                f=tuple(features),
+                plan=plan,
+                decode=result.timings.decode_s,
+                sample=result.timings.sample_s,
+            )
+            self._sink.write(self._encoder.encode(record).decode())
+            self._sink.write("\n")
+        self._pending.clear()
 
     def memory_stats(self) -> MemoryStats:
         return self.inner.memory_stats()
 
     def restart(self) -> None:
+        self._forget_engine()
         self._last_end = None
-        self._mirror.forget_engine()
         self.inner.restart()
 
     def close(self) -> None:
         try:
             self.inner.close()
         finally:
+            self._write_pending()
             self._sink.close()
 
 

@@ -2,7 +2,7 @@
 
     server process                              worker process
     ──────────────                              ──────────────
-    LlamaCppExecutor.step(plan)   (or step_async, where the event loop waits and reads)
+    LlamaCppExecutor.step(plan)   (or start_step, where the event loop waits and reads)
       KvMirror.check(plan)   (bad plan: refused here, nothing sent)
       attach stashed bytes for Restore ops
       send StepCall  ───── Unix socket ───────▶  kv ops, llama_decode, sample
@@ -26,6 +26,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
@@ -33,6 +34,7 @@ import msgspec
 from quanta_core.engine.config import EngineConfig
 from quanta_core.engine.errors import (
     EngineDied,
+    EngineError,
     EngineHung,
     EngineInputError,
     EngineStartError,
@@ -133,6 +135,16 @@ class _Worker:
         self.kill()
 
 
+@dataclass(slots=True)
+class _Reading:
+    """A step sent from the loop, whose reply the loop reads."""
+
+    channel: Channel
+    finish: Callable[[object], StepResult]
+    done: asyncio.Future[StepResult]
+    timer: asyncio.TimerHandle | None = None
+
+
 class LlamaCppExecutor:
     """Implements ``Executor`` over a llama.cpp worker process."""
 
@@ -146,6 +158,9 @@ class LlamaCppExecutor:
         self.restarts = 0
         self._stash_thread = ThreadPoolExecutor(1, thread_name_prefix="quanta-engine-stash")
         self._in_flight: asyncio.Future[StepResult] | None = None
+        self._reading: _Reading | None = None  # the step whose reply the loop waits for
+        self._watched: Channel | None = None  # the socket the loop watches, and that loop
+        self._watched_on: tuple[asyncio.AbstractEventLoop, int] | None = None
 
     @classmethod
     def start(cls, config: EngineConfig) -> LlamaCppExecutor:
@@ -168,63 +183,110 @@ class LlamaCppExecutor:
         channel, after = self._send_step(plan)
         return self._finish_step(channel, plan, after, t0)
 
-    async def step_async(self, plan: StepPlan) -> StepResult:
-        """``step`` for an event loop: the call is sent from the loop's thread, so the worker
-        starts at once, and the loop itself reads the reply: it watches the socket, the
+    def start_step(self, plan: StepPlan) -> asyncio.Future[StepResult]:
+        """Send ``plan`` now, from the running loop's thread, so the worker starts at once;
+        the future of its result, which the loop itself reads: it watches the socket, the
         worker's heads-up wakes it, and it polls for the reply behind the heads-up (up to
         ``reply_spin_s``) without blocking. No thread hands the reply over: such a thread
         would have to win the interpreter lock from a loop busy with the streams, which costs
-        most at many streams (bench/results/ab/). Plans that move stash bytes (large frames) are
-        sent and read by a thread of this executor. A cancelled caller does not cancel the
-        step: it completes, and the next waits for it."""
-        await self._previous_step()
-        if any(isinstance(op, Stash | Restore) for op in plan.kv_ops):
-            self._in_flight = asyncio.wrap_future(self._stash_thread.submit(self.step, plan))
+        most at many streams (bench/results/ab/). The caller awaits that future itself, with
+        no task between: each task or shield between the reply and the caller would cost the
+        next step a turn of the loop. Plans that move stash bytes (large frames) are sent and
+        read by a thread of this executor. A step still in flight (its caller was cancelled)
+        runs to its end first, its mirror moved on, then this one is sent."""
+        previous = self._in_flight
+        if previous is not None and not previous.done():
+            self._in_flight = asyncio.ensure_future(self._after(previous, plan))
         else:
-            t0 = time.perf_counter()
-            channel, after = self._send_step(plan)
-            self._in_flight = self._read_on_loop(
-                channel, lambda reply: self._step_result(plan, after, reply, t0)
-            )
-        return await asyncio.shield(self._in_flight)
+            self._in_flight = self._send_now(plan)
+        return self._in_flight
 
-    async def _previous_step(self) -> None:
-        """A step whose caller was cancelled still runs to its end (its reply read, the
-        mirror moved on): the next one waits for that."""
-        if self._in_flight is not None and not self._in_flight.done():
-            await asyncio.wait([self._in_flight])
+    async def step_async(self, plan: StepPlan) -> StepResult:
+        """``start_step``, awaited; a cancelled caller does not cancel the step: it
+        completes, and the next waits for it."""
+        return await asyncio.shield(self.start_step(plan))
+
+    async def _after(self, previous: asyncio.Future[StepResult], plan: StepPlan) -> StepResult:
+        await asyncio.wait([previous])
+        return await self._send_now(plan)
+
+    def _send_now(self, plan: StepPlan) -> asyncio.Future[StepResult]:
+        """The step sent; a plan refused or a send failed is the future's exception, as a
+        reply's failure is."""
+        if any(isinstance(op, Stash | Restore) for op in plan.kv_ops):
+            return asyncio.wrap_future(self._stash_thread.submit(self.step, plan))
+        t0 = time.perf_counter()
+        try:
+            channel, after = self._send_step(plan)
+        except EngineError as exc:
+            failed: asyncio.Future[StepResult] = asyncio.get_running_loop().create_future()
+            failed.set_exception(exc)
+            return failed
+        return self._read_on_loop(channel, lambda reply: self._step_result(plan, after, reply, t0))
 
     def _read_on_loop(
         self, channel: Channel, finish: Callable[[object], StepResult]
     ) -> asyncio.Future[StepResult]:
         """The step's result, once the running loop has read the reply and ``finish`` made it
-        a result; a worker that has not answered within ``step_timeout_s`` is hung."""
+        a result; a worker that has not answered within ``step_timeout_s`` is hung.
+
+        The loop keeps watching the socket from one step to the next: the next step is
+        usually sent before the loop turns again, and two ``epoll_ctl`` calls a step (one of
+        them between the reply and the next plan) cost more than the check that a loop left
+        with no step in flight stops watching (``_unwatch_if_idle``)."""
         loop = asyncio.get_running_loop()
-        done: asyncio.Future[StepResult] = loop.create_future()
-        fd = channel.sock.fileno()
+        reading = _Reading(channel, finish, loop.create_future())
+        reading.timer = loop.call_later(
+            self.config.step_timeout_s, lambda: self._settle(reading, self._hung())
+        )
+        self._reading = reading
+        if self._watched is not channel:
+            self._unwatch()
+            fd = channel.sock.fileno()
+            loop.add_reader(fd, self._readable)
+            self._watched, self._watched_on = channel, (loop, fd)
+        return reading.done
 
-        def settle(outcome: StepResult | Exception) -> None:
+    def _readable(self) -> None:
+        reading = self._reading
+        if reading is None:  # no step awaits the socket (an EOF, say): the next one reads it
+            self._unwatch()
+            return
+        try:
+            with self._worker_errors():
+                reply = reading.channel.recv_nowait(self.config.reply_spin_s)
+            if reply is not None:
+                self._settle(reading, reading.finish(reply))
+        except Exception as exc:
+            self._settle(reading, exc)
+
+    def _settle(self, reading: _Reading, outcome: StepResult | Exception) -> None:
+        if self._reading is not reading:
+            return  # settled already
+        self._reading = None
+        if reading.timer is not None:
+            reading.timer.cancel()
+        if isinstance(outcome, Exception):
+            self._unwatch()  # the worker is likely gone, and its socket with it
+        else:
+            # After the waiter's wake-up, which usually sends the next step first.
+            asyncio.get_running_loop().call_soon(self._unwatch_if_idle)
+        if reading.done.done():
+            return  # its caller was cancelled
+        if isinstance(outcome, Exception):
+            reading.done.set_exception(outcome)
+        else:
+            reading.done.set_result(outcome)
+
+    def _unwatch_if_idle(self) -> None:
+        if self._reading is None:
+            self._unwatch()
+
+    def _unwatch(self) -> None:
+        if self._watched_on is not None:
+            loop, fd = self._watched_on  # the number it had: a closed socket's is -1
             loop.remove_reader(fd)
-            timer.cancel()
-            if done.done():
-                return
-            if isinstance(outcome, Exception):
-                done.set_exception(outcome)
-            else:
-                done.set_result(outcome)
-
-        def readable() -> None:
-            try:
-                with self._worker_errors():
-                    reply = channel.recv_nowait(self.config.reply_spin_s)
-                if reply is not None:
-                    settle(finish(reply))
-            except Exception as exc:
-                settle(exc)
-
-        timer = loop.call_later(self.config.step_timeout_s, lambda: settle(self._hung()))
-        loop.add_reader(fd, readable)
-        return done
+        self._watched, self._watched_on = None, None
 
     def _finish_step(
         self, channel: Channel, plan: StepPlan, after: KvMirror, t0: float
