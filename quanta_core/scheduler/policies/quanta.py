@@ -33,9 +33,7 @@ admission that answers at once) with these rules changed or added:
   target on average (``_pace_s``: the steps after it priced as decode steps); once one of
   it has waited half its first-token target it is owed that token, and steps may grow to
   ``burst_itl_s`` whatever the pace (``_owed_s``: else, where decode steps alone come near
-  the target, it would wait for a free slot, as behind a fixed cap). No such step is priced
-  past ``burst_itl_s`` (on a slower machine the whole token budget takes longer than the
-  smooth gap, however far ahead of their pace the streams are). A machine that
+  the target, it would wait for a free slot, as behind a fixed cap). A machine that
   refused interactive work in the last ``burst_quiet_s`` is not calm: under sustained load
   the target is the bound, the set keeps its inter-token size and prefill chunks fit the
   inter-token target.
@@ -139,8 +137,7 @@ class QuantaPolicy(SloPolicy):
             n_seqs = max(len(running), min(len(running) + 1, cap))
             step_s = self._itl_target
             if self._ttft_first:
-                smooth = self.config.burst_itl_s * self.config.grow_headroom
-                step_s = max(step_s, min(max(self._pace_s(inter, cap), self._owed_s()), smooth))
+                step_s = max(step_s, self._pace_s(inter, cap), self._owed_s())
             if step_s < math.inf:
                 budget = self.cost.max_tokens(n_seqs, step_s, base.token_budget)
         self._limits = StepLimits(cap, budget)
