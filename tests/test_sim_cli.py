@@ -172,3 +172,18 @@ def test_probe_against_a_cost_model_without_one_says_to_calibrate(tmp_path: Path
     result = runner.invoke(cli, [*args, "--probe", str(probe)])
     assert result.exit_code == 2
     assert "no reference probe" in " ".join(result.output.split())
+
+
+def test_retries_send_a_refused_request_again_and_count_it_once(
+    tmp_path: Path, cost_model: Path
+) -> None:
+    args = ["sim", "--preset", "twenty-at-once", "--policy", "quanta", "--cost-model"]
+    load = ["--requests", "200", "--rate", "40", "--retries", "1"]
+    out = tmp_path / "retries.json"
+    result = runner.invoke(cli, [*args, str(cost_model), "--out", str(out), *load])
+    assert result.exit_code == 0, result.output
+    doc = load_result(out)
+    rows = doc["requests"]
+    assert any(r["attempt"] == 1 for r in rows)  # refused, then sent again
+    assert doc["summary"]["overall"]["requests"] == 200 == len({r["request_id"] for r in rows})
+    assert doc["config"]["flags"]["retries"] == 1

@@ -108,10 +108,10 @@ class SloConfig:
     burst_grace: float = math.inf
     burst_itl_s: float = 1.0  # while such a burst waits, steps may grow to this (smooth)
     # The ``quanta`` policy's retry-after: when the projected first token, this fraction
-    # later, is within the target. The projection errs both ways (the first-token estimate's median
-    # absolute error is ~20 % in the scenario suite, bench/results/scenarios/); told the
-    # exact time, a retry finds the queue a little longer about as often as shorter, and is
-    # refused again.
+    # later, is within the target. The projection errs both ways (the first-token
+    # estimate's median absolute error is ~20 % in the scenario suite,
+    # bench/results/scenarios/); told the exact time, a retry finds the queue a little
+    # longer about as often as shorter, and is refused again.
     retry_margin: float = 0.2
     fair_lag: float = 32.0
 

@@ -8,7 +8,7 @@ request is *scheduled* at its arrival and *sent* when a slot under ``concurrency
 (at once without a cap); closed loop, ``users`` users each send their next request when the
 last one's answer is in (plus ``think_s``), until the plan or ``duration_s`` runs out. With
 ``retries``, a refused request (429 / 503) is sent again at its retry-after, up to that many
-times, keeping its slot meanwhile (the bench's ``--retries``). Every attempt becomes the
+times, keeping its slot meanwhile (as the scenario suite's client). Every attempt becomes the
 ``RequestRecord`` the bench would have filled, with the server's own split
 (queue, prefill, cached tokens, preemptions) where the server reports it. What is not
 simulated: the HTTP and tenancy layers (their quotas, the client's network and parsing time);

@@ -78,7 +78,7 @@ def kv_burst(scale: float = 1.0) -> Scenario:
 # The overload scenario's rate on the reference machine (the one the committed CPU cost model
 # was calibrated on): about twice what the default policy serves there of 64 + 64-token
 # requests (~1.5/s: ~95 output tokens/s, bench/results/scenarios/). ``quanta bench
-# scenarios`` divides it by the machine's speed factor (``reference_rate``).
+# scenarios`` divides it by the machine's speed factor (``cli.machine_overload_rate``).
 OVERLOAD_RATE = 3.0
 
 
