@@ -455,15 +455,17 @@ def cmd_serve(args: argparse.Namespace) -> dict[str, Any]:
         # With BENCH_BEFORE (a PYTHONPATH: gpu_run.sh sets it from the carried tree of the
         # code before a change), that code serves too, in turns with this tree's.
         before = os.environ.get("BENCH_BEFORE")
-        codes = {"served_before": before, "served": None} if before else {"served": None}
+        codes: dict[str, str | None] = {"served": None}
+        if before:
+            codes = {"served_before": before, "served": None}
         for name, rows in served(args.model, streams, args.tokens, args.out, policy,
                                  codes).items():  # fmt: skip
             keep(name, rows)
     if "plain" in parts:  # the smallest, a middle and the largest size: device time is short
         sizes = tuple(sorted({streams[0], streams[len(streams) // 2], streams[-1]}))
         plain = {**policy, "QUANTA_OVERLAP_STEPS": "false"}
-        rows = served(args.model, sizes, args.tokens, args.out, plain, {"plain": None})
-        keep("served_no_overlap", rows["plain"])
+        by_code = served(args.model, sizes, args.tokens, args.out, plain, {"plain": None})
+        keep("served_no_overlap", by_code["plain"])
     done["settings_from_environment"] = {
         k: v for k, v in os.environ.items() if k.startswith("QUANTA_")
     }
