@@ -11,7 +11,7 @@ import pytest
 from app.server.settings import Settings
 from quanta_core.engine.fake import FakeExecutor
 from quanta_core.engine.types import Stash
-from quanta_core.requests import FinishReason, RejectionKind, SloClass, TokenEvent
+from quanta_core.requests import ChoiceResult, FinishReason, RejectionKind, SloClass, TokenEvent
 from quanta_core.scheduler import SloConfig, make_policy
 from quanta_core.scheduler.policies.quanta import QuantaPolicy
 from quanta_core.scheduler.step_cost import StepCostModel
@@ -232,7 +232,9 @@ def test_a_burst_on_a_calm_machine_is_queued_within_the_grace() -> None:
     assert max(strict) <= 0.5 < max(lenient) <= 1.0
 
 
-def thirty_on_four_slots(bookings: bool) -> tuple[Harness, QuantaPolicy]:
+def thirty_on_four_slots(
+    bookings: bool = True, retry_margin: float = SloConfig().retry_margin
+) -> tuple[Harness, QuantaPolicy]:
     """Sustained overload (no burst window): 30 at once on 4 slots, steps priced at the
     harness's 10 ms; ``bookings`` False: refusals book nothing."""
     cfg = SloConfig(
@@ -241,6 +243,7 @@ def thirty_on_four_slots(bookings: bool) -> tuple[Harness, QuantaPolicy]:
         step_base_s=0.01,
         step_seq_s=1e-6,
         step_token_s=1e-6,
+        retry_margin=retry_margin,
     )
     h = Harness.make(FakeExecutor(n_seq_max=64), policy="quanta", max_running=4, slo=cfg)
     policy = h.sched.policy
@@ -252,20 +255,24 @@ def thirty_on_four_slots(bookings: bool) -> tuple[Harness, QuantaPolicy]:
     return h, policy
 
 
+def first_refused(h: Harness) -> tuple[ChoiceResult, float]:
+    """The first of the thirty refused, and when it was told to come back."""
+    first = next(
+        r
+        for (rid, _), r in sorted(h.results().items(), key=lambda kv: int(kv[0][0][1:]))
+        if r.finish_reason is FinishReason.REJECTED
+    )
+    assert first.retry_after_s is not None
+    return first, first.timings.arrival + first.retry_after_s
+
+
 def retry_admitted(bookings: bool) -> tuple[bool, int]:
     """Sustained overload on 4 slots: 30 at once; the first refused request comes back at
     its retry-after, just after four fresh arrivals. Was it admitted, and how many fresh ones
     were refused? Steps are priced at the harness's 10 ms, so projections and the virtual
     clock agree."""
     h, _ = thirty_on_four_slots(bookings)
-    refused = [
-        r
-        for (rid, _), r in sorted(h.results().items(), key=lambda kv: int(kv[0][0][1:]))
-        if r.finish_reason is FinishReason.REJECTED
-    ]
-    first = refused[0]
-    assert first.retry_after_s is not None
-    back_at = first.timings.arrival + first.retry_after_s
+    first, back_at = first_refused(h)
     while h.clock.now() < back_at:
         h.cycle()
     for k in range(4):  # as many as the slots that free next
@@ -292,24 +299,9 @@ def test_a_retry_at_its_retry_after_finds_its_booked_place() -> None:
 def retry_on_slower_steps(margin: float) -> FinishReason | None:
     """Sustained overload on 4 slots, 30 at once, the steps 10 % slower than the cost model
     prices them: how the first refused request fares, back at its retry-after."""
-    cfg = SloConfig(
-        interactive_ttft_s=0.2,
-        burst_window_s=0.0,
-        step_base_s=0.01,
-        step_seq_s=1e-6,
-        step_token_s=1e-6,
-        retry_margin=margin,
-    )
-    h = Harness.make(FakeExecutor(n_seq_max=64), policy="quanta", max_running=4, slo=cfg)
-    for k in range(30):
-        h.submit(f"i{k}", prompt(32, base=100 + k), max_tokens=40, slo_class=INTER)
-    first = next(
-        r
-        for (rid, _), r in sorted(h.results().items(), key=lambda kv: int(kv[0][0][1:]))
-        if r.finish_reason is FinishReason.REJECTED
-    )
-    assert first.retry_after_s is not None
-    while h.clock.now() < first.timings.arrival + first.retry_after_s:
+    h, _ = thirty_on_four_slots(retry_margin=margin)
+    first, back_at = first_refused(h)
+    while h.clock.now() < back_at:
         h.cycle()
         h.clock.advance(0.001)  # the harness's 10 ms, and a tenth more
     h.submit(
