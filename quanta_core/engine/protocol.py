@@ -35,6 +35,7 @@ class SteppedFromLoop(Protocol):
     the call from the loop's thread and the loop reads the reply). ``start_step`` sends the
     plan before it returns, so a caller can send the next step first and do the rest of its
     work while the engine computes; the future is the result, or the exception that
-    ``Executor.step`` would raise (the same contract)."""
+    ``Executor.step`` would raise (the same contract). The next step waits for it: a caller
+    does not cancel it (the driver stops by finishing its cycle, never by cancelling it)."""
 
     def start_step(self, plan: StepPlan) -> asyncio.Future[StepResult]: ...

@@ -192,8 +192,10 @@ class LlamaCppExecutor:
         most at many streams (bench/results/ab/). The caller awaits that future itself, with
         no task between: each task or shield between the reply and the caller would cost the
         next step a turn of the loop. Plans that move stash bytes (large frames) are sent and
-        read by a thread of this executor. A step still in flight (its caller was cancelled)
-        runs to its end first, its mirror moved on, then this one is sent."""
+        read by a thread of this executor. The next step waits for this future: a caller must
+        not cancel it (awaiting it from a task that may be cancelled cancels it too, and the
+        next step would then be sent while the worker still runs this one); ``step_async``
+        is the form a cancelled caller may leave."""
         previous = self._in_flight
         if previous is not None and not previous.done():
             self._in_flight = asyncio.ensure_future(self._after(previous, plan))
@@ -202,8 +204,8 @@ class LlamaCppExecutor:
         return self._in_flight
 
     async def step_async(self, plan: StepPlan) -> StepResult:
-        """``start_step``, awaited; a cancelled caller does not cancel the step: it
-        completes, and the next waits for it."""
+        """``start_step``, awaited behind a shield: a cancelled caller does not cancel the
+        step; it completes (its reply read, the mirror moved on), and the next waits for it."""
         return await asyncio.shield(self.start_step(plan))
 
     async def _after(self, previous: asyncio.Future[StepResult], plan: StepPlan) -> StepResult:
