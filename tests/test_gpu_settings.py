@@ -60,6 +60,23 @@ def test_steps_overlap_the_streams_on_a_gpu_unless_told(
 
 
 @pytest.mark.parametrize(
+    ("env", "ahead"),
+    [
+        ({}, False),  # the CPU engine: a decode between steps would take the server's cores
+        ({"QUANTA_N_GPU_LAYERS": "-1"}, True),
+        ({"QUANTA_N_GPU_LAYERS": "-1", "QUANTA_DECODE_AHEAD": "false"}, False),
+        ({"QUANTA_DECODE_AHEAD": "true"}, True),
+    ],
+)
+def test_the_worker_decodes_ahead_on_a_gpu_unless_told(
+    model: str, monkeypatch: pytest.MonkeyPatch, env: dict[str, str], ahead: bool
+) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert Settings(model_path=model).engine_config().decode_ahead is ahead
+
+
+@pytest.mark.parametrize(
     ("env", "budget"),
     [
         ({}, 128),  # the CPU engine: running streams decode between small prefill chunks

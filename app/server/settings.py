@@ -109,6 +109,15 @@ class Settings(BaseSettings):
         description="send the next engine step before streaming the last one's tokens "
         "(unset: on when n_gpu_layers is not 0)",
     )
+    # With the model on a GPU the engine worker decodes each step's sampled tokens as soon as
+    # it has replied, before the next plan arrives: while streams only decode, that plan finds
+    # its decode done (quanta_core/engine/llama_cpp/worker.py). On a CPU engine that decode
+    # would take the cores the server needs between steps: off.
+    decode_ahead: bool | None = Field(
+        default=None,
+        description="decode the sampled tokens before the next step's plan arrives "
+        "(unset: on when n_gpu_layers is not 0)",
+    )
     # On a CPU a small budget lets running streams decode between prefill chunks: earlier
     # first tokens for a crowd and more tokens/s (bench/results/twenty_at_once_core.json). On
     # a GPU a prefill token costs a fraction of a step's fixed cost, so a crowd's prompts go
@@ -298,6 +307,11 @@ class Settings(BaseSettings):
             budget = self.n_batch if self.n_gpu_layers != 0 else CPU_TOKEN_BUDGET
         return min(budget, self.n_batch)
 
+    def decodes_ahead(self) -> bool:
+        if self.decode_ahead is not None:
+            return self.decode_ahead
+        return self.n_gpu_layers != 0
+
     def overlaps_steps(self) -> bool:
         if self.overlap_steps is not None:
             return self.overlap_steps
@@ -337,5 +351,6 @@ class Settings(BaseSettings):
             omp_spincount=self.omp_spincount,
             reply_spin_s=self.reply_spin_s,
             call_spin_s=self.call_spin_s,
+            decode_ahead=self.decodes_ahead(),
             step_timeout_s=self.step_timeout_s,
         )

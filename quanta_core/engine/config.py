@@ -39,5 +39,9 @@ class EngineConfig:
     # millisecond of every step, and a polling one keeps the engine's steps faster too
     # (bench/results/ab/, scripts/bench_settings_ab.py).
     call_spin_s: float = 0.002
+    # After each step's reply, decode the tokens it sampled at once, before the next plan
+    # comes (worker.py): that plan's decodes are then ready. For a GPU engine, whose decode
+    # leaves the CPU free; on a CPU it would take the cores the server needs meanwhile.
+    decode_ahead: bool = False
     step_timeout_s: float = 60.0  # a step that takes longer is treated as a hung worker
     start_timeout_s: float = 120.0  # loading the model in a fresh worker

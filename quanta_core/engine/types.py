@@ -150,6 +150,7 @@ class StepResult(msgspec.Struct, frozen=True):
     outputs: tuple[SeqOutput, ...] = ()
     stashed: tuple[StashInfo, ...] = ()
     timings: StepTimings = StepTimings()
+    decoded_ahead: int = 0  # slices whose decode the worker ran before the plan came
 
     @classmethod
     def make_empty(cls) -> StepResult:

@@ -6,6 +6,19 @@ It connects to the caller's Unix socket, waits for a ``StartCall``, loads the mo
 answers one call at a time: every ``StepCall`` is KV operations, then exactly one
 ``llama_decode`` of a batch that may mix prefill chunks and decode tokens of many sequences,
 then one sample per sequence that asked for logits.
+
+With ``decode_ahead`` (a GPU engine), the worker starts the next decode as soon as it has
+replied: each sequence that sampled a token is fed that token at its next position, which is
+what the next plan asks for while streams only decode. The plan that follows decides:
+
+    slice = (seq, next position, the token it sampled)   its logits are ready: sampled first
+    any other slice                                        decoded as usual, after the plan's ops
+    a sequence decoded ahead but not asked for             its cell is removed before the ops
+
+so the plan's outcome is the one it would have had without the lookahead (a stateful sampler
+samples at plan time, from the same logits), and the step's time from the caller's side loses
+the gap between the reply and the next plan. A plan that restores a stash drops the lookahead
+first: a restore looks for contiguous free cells, which the early tokens might have taken.
 """
 
 from __future__ import annotations
@@ -15,7 +28,7 @@ import itertools
 import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import llama_cpp
 import numpy as np
@@ -61,6 +74,16 @@ FLASH_ATTN = {
 
 class InputError(Exception):
     """A call the worker refuses before changing anything."""
+
+
+def _op_seqs(op: KvOp) -> tuple[int, ...]:
+    if isinstance(op, CopyPrefix):
+        return (op.src, op.dst)
+    return (op.seq,) if isinstance(op, Truncate | Stash | Restore) else ()
+
+
+def _nothing() -> None:
+    pass
 
 
 class Engine:
@@ -110,6 +133,12 @@ class Engine:
         for i in range(self.n_batch):
             self.batch.seq_id[i] = ctypes.cast(base + 4 * i, ctypes.POINTER(llama_cpp.llama_seq_id))
         self.kv_bytes_per_token = self._measure_state_bytes_per_token()
+        self._eog_set = frozenset(self.eog)
+        # The decode run ahead of the next plan: (seq, position, token) -> its row in that
+        # batch, and the batch's slices in row order (None: nothing ahead).
+        self._ahead: dict[tuple[int, int, int], int] | None = None
+        self._ahead_slices: tuple[SeqSlice, ...] = ()
+        self._ahead_s = 0.0  # the time its decode call took
 
     def info(self) -> EngineInfo:
         name = ctypes.create_string_buffer(256)
@@ -138,17 +167,6 @@ class Engine:
             self.samplers.get(s.owner, s.sampling, s.replay) if s.sample else None
             for s in plan.slices
         ]
-        blobs = {}
-        for op in plan.kv_ops:
-            blob = self._apply(op, call.blobs)
-            if blob is not None:
-                blobs[op.key] = blob  # type: ignore[union-attr]
-        for owner in plan.release:
-            self.samplers.release(owner)
-        t1 = time.perf_counter()
-        outputs: list[SeqOutput] = []
-        decode_error = None
-        t2 = t1
         notify_s = 0.0
 
         def notify() -> None:
@@ -158,22 +176,107 @@ class Engine:
                 heads_up()
             notify_s = time.perf_counter() - started
 
-        if plan.slices:
-            rc = self._decode(plan.slices)
+        ahead_s = self._ahead_s
+        early, rest = self._settle_ahead(plan, samplers, notify)
+        ahead = len(plan.slices) - len(rest)  # slices whose decode ran ahead
+        blobs = {}
+        for op in plan.kv_ops:
+            blob = self._apply(op, call.blobs)
+            if blob is not None:
+                blobs[op.key] = blob  # type: ignore[union-attr]
+        for owner in plan.release:
+            self.samplers.release(owner)
+        t1 = time.perf_counter()
+        decode_error = None
+        t2 = t1
+        if rest:
+            slices = tuple(plan.slices[k] for k in rest)
+            rc = self._decode(slices)
             t2 = time.perf_counter()
             if rc != 0:
                 decode_error = f"llama_decode failed with code {rc} (KV cache full?)"
             else:
-                outputs = self._sample(plan.slices, samplers, notify)
+                sampled = self._sample(slices, [samplers[k] for k in rest], notify)
+                early.update(zip([k for k in rest if plan.slices[k].sample], sampled, strict=True))
+        outputs = () if decode_error is not None else tuple(early[k] for k in sorted(early))
         t3 = time.perf_counter()
         timings = StepTimings(
             kv_ops_s=t1 - t0,
-            decode_s=t2 - t1,
+            decode_s=t2 - t1 + (ahead_s if ahead else 0.0),
             sample_s=t3 - t2 - notify_s,
             engine_s=t3 - t0 - notify_s,
         )
-        result = StepResult(outputs=tuple(outputs), timings=timings)
+        result = StepResult(outputs=outputs, timings=timings, decoded_ahead=ahead)
         return StepReply(result=result, blobs=blobs, decode_error=decode_error)
+
+    # ---- the decode ahead of the next plan ----
+
+    def decode_ahead(self, plan: StepPlan, reply: StepReply) -> None:
+        """After ``reply`` to ``plan`` went out: decode each sampled token at its sequence's
+        next position, as the next plan will ask while the streams only decode."""
+        self._ahead = None
+        if reply.decode_error is not None or not reply.result.outputs:
+            return
+        ends = {s.seq: (s.start_pos + len(s.tokens), s) for s in plan.slices if s.sample}
+        slices = []
+        for out in reply.result.outputs:
+            end, s = ends[out.seq]
+            if out.token not in self._eog_set and end < self.n_ctx:
+                slices.append(SeqSlice(out.seq, (out.token,), end, True, s.owner, s.sampling))
+        if not slices:
+            return
+        self._ahead_slices = tuple(slices)
+        started = time.perf_counter()
+        rc = self._decode(self._ahead_slices)
+        self._ahead_s = time.perf_counter() - started
+        if rc != 0:  # no room, say: as if never tried (a failed decode may leave cells)
+            self._drop_ahead(range(len(slices)))
+            return
+        self._ahead = {(s.seq, s.start_pos, s.tokens[0]): i for i, s in enumerate(slices)}
+
+    def drop_ahead(self) -> None:
+        """Forget the decode ahead (a call other than a step follows, or a refused one)."""
+        if self._ahead is not None:
+            self._drop_ahead(self._ahead.values())
+            self._ahead = None
+
+    def _drop_ahead(self, rows: Iterable[int]) -> None:
+        for i in rows:
+            s = self._ahead_slices[i]
+            llama_cpp.llama_memory_seq_rm(self.memory, s.seq, s.start_pos, -1)
+
+    def _settle_ahead(
+        self, plan: StepPlan, samplers: list[Sampler | None], notify: Callable[[], None]
+    ) -> tuple[dict[int, SeqOutput], list[int]]:
+        """The plan's slices the decode ahead computed, sampled now (slice index -> output),
+        and the indices of the others; the cells decoded ahead that the plan did not ask for
+        are removed. Before the plan's ops: they may touch those sequences."""
+        ahead, self._ahead = self._ahead, None
+        everything = list(range(len(plan.slices)))
+        if ahead is None:
+            return {}, everything
+        if any(type(op) is Restore for op in plan.kv_ops):
+            self._drop_ahead(ahead.values())
+            return {}, everything
+        touched = {q for op in plan.kv_ops for q in _op_seqs(op)}
+        rows: dict[int, int] = {}  # ahead row -> slice index
+        for k, s in enumerate(plan.slices):
+            if s.sample and len(s.tokens) == 1 and s.seq not in touched:
+                row = ahead.get((s.seq, s.start_pos, s.tokens[0]))
+                if row is not None:
+                    rows[row] = k
+        self._drop_ahead(i for i in ahead.values() if i not in rows)
+        if not rows:
+            return {}, everything
+        # The ahead batch's rows, each with the plan's sampler where the plan asked for it
+        # (the other rows' logits are there, unread).
+        batch = self._ahead_slices
+        chosen = [samplers[rows[i]] if i in rows else None for i in range(len(batch))]
+        rest = [k for k in everything if k not in rows.values()]
+        last = not rest and not plan.kv_ops  # else the heads-up comes later, or not at all
+        sampled = self._sample(batch, chosen, notify if last else _nothing)
+        picked = [rows[i] for i in range(len(batch)) if i in rows]
+        return dict(zip(picked, sampled, strict=True)), rest
 
     def _check(self, plan: StepPlan, blobs: dict[str, bytes]) -> None:
         """Cheap defence against what would corrupt memory; the caller checks positions."""
@@ -280,14 +383,19 @@ class Engine:
     ) -> dict[int, int]:
         """Slice index -> token for the plain greedy samplers, all from one argmax over the
         step's logits (outputs are in batch order: one row per sampled slice). A row whose
-        argmax is a token its chain biases is left to its chain."""
+        argmax is a token its chain biases is left to its chain. A sampled slice without a
+        sampler (a row decoded ahead that the plan did not ask for) keeps its row unread."""
         rows: list[int] = []
         picks: list[int] = []
         n_out = 0
         for k, (s, sampler) in enumerate(zip(slices, samplers, strict=True)):
-            if sampler is None:
-                continue
-            if sampler.plain_greedy is not None and s.sampling.logprobs is None:
+            if not (s.sample and s.tokens):
+                continue  # no logits row
+            if (
+                sampler is not None
+                and sampler.plain_greedy is not None
+                and s.sampling.logprobs is None
+            ):
                 rows.append(n_out)
                 picks.append(k)
             n_out += 1
@@ -316,9 +424,13 @@ class Engine:
         return log_softmax, tuple(TopLogprob(int(t), float(log_softmax[t])) for t in best)
 
     def memory_reply(self) -> MemoryReply:
+        """What each sequence holds, as the plans made it (a decode ahead not counted)."""
+        ahead = {s.seq: s.start_pos for s in self._ahead_slices} if self._ahead else {}
         seqs = []
         for seq in range(self.config.n_seq_max):
             pos_max = int(llama_cpp.llama_memory_seq_pos_max(self.memory, seq))
+            if seq in ahead:
+                pos_max = min(pos_max, ahead[seq] - 1)
             if pos_max >= 0:
                 pos_min = int(llama_cpp.llama_memory_seq_pos_min(self.memory, seq))
                 seqs.append(SeqMemory(seq, pos_min, pos_max))
@@ -356,12 +468,16 @@ def serve(channel: Channel) -> None:
             return
         try:
             if isinstance(call, StepCall):
-                channel.send(engine.step(call, channel.send_heads_up))
+                reply = engine.step(call, channel.send_heads_up)
+                channel.send(reply)
+                if engine.config.decode_ahead:
+                    engine.decode_ahead(call.plan, reply)
             elif isinstance(call, MemoryCall):
                 channel.send(engine.memory_reply())
             else:
                 channel.send(ErrorReply("input", f"unexpected {type(call).__name__}"))
         except (InputError, SamplingError) as exc:
+            engine.drop_ahead()  # refused unchanged; the caller may now wipe the sequences
             channel.send(ErrorReply("input", str(exc)))
 
 
