@@ -177,7 +177,9 @@ class Engine:
             notify_s = time.perf_counter() - started
 
         ahead_s = self._ahead_s
+        settled = time.perf_counter()
         early, rest = self._settle_ahead(plan, samplers, notify)
+        early_s = time.perf_counter() - settled  # sampling what was decoded ahead
         ahead = len(plan.slices) - len(rest)  # slices whose decode ran ahead
         blobs = {}
         for op in plan.kv_ops:
@@ -201,9 +203,9 @@ class Engine:
         outputs = () if decode_error is not None else tuple(early[k] for k in sorted(early))
         t3 = time.perf_counter()
         timings = StepTimings(
-            kv_ops_s=t1 - t0,
+            kv_ops_s=t1 - t0 - early_s,
             decode_s=t2 - t1 + (ahead_s if ahead else 0.0),
-            sample_s=t3 - t2 - notify_s,
+            sample_s=t3 - t2 + early_s - notify_s,
             engine_s=t3 - t0 - notify_s,
         )
         result = StepResult(outputs=outputs, timings=timings, decoded_ahead=ahead)
