@@ -224,6 +224,8 @@ class QuantaPolicy(SloPolicy):
         staying = list(running)
         victims: list[Choice] = []
         for x in sorted(waiting, key=lambda r: (r.order, r.index)):
+            if not batch:
+                break  # no victim left: whether the rest start is ``may_start``'s to say
             need_slot = len(staying) + 1 > limits.max_running
             while batch and (need_slot or not self.fits(x, staying)):
                 v = batch.pop(0)

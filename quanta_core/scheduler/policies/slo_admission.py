@@ -155,7 +155,9 @@ class SloAdmission:
 
         # Every promise is due before x's would be (same target, earlier arrival): x goes
         # after them all, so admitting it can delay none of them.
-        ordered = [job(r, self.promises.get(r)) for r in queued if r not in self._unpromised()]
+        unpromised = self._unpromised()
+        promised = [r for r in queued if r not in unpromised]
+        ordered = self.est.jobs(promised, self.promises, decode_s, streams, base.token_budget)
         own = self.bookings.claim(x) if self.bookings is not None else None
         booked: list[Job] = []
         if self.bookings is not None:
@@ -280,17 +282,13 @@ class SloAdmission:
     ) -> Choice:
         """The queued interactive request to start next: VTC's head unless starting it first
         would make a promised request late in the projection (``promises.next_up``)."""
-        queue = self.queue.classes[SloClass.INTERACTIVE]
-        if not any(r in self.promises and r is not vtc_head for r in queue):
-            return vtc_head
-        queued = list(queue)
+        queued = list(self.queue.classes[SloClass.INTERACTIVE])
+        if _earliest_due(queued, self.promises) in (None, vtc_head):
+            return vtc_head  # ``next_up``'s own first answer, without pricing the queue
         slots, decode_s, streams = self.est.view(
             now, running, queued, caps.max_running, caps.token_budget
         )
-        jobs = [
-            self.est.job(r, self.promises.get(r), decode_s, streams, caps.token_budget)
-            for r in queued
-        ]
+        jobs = self.est.jobs(queued, self.promises, decode_s, streams, caps.token_budget)
         return queued[next_up(now, slots, jobs, queued.index(vtc_head))]
 
     def forget(self, r: Choice) -> None:
@@ -306,8 +304,13 @@ class SloAdmission:
         queued = list(self.queue.classes[cls])
         if cls is SloClass.BATCH:
             queued += [r for r in self.queue.promoted]
+        worth: dict[tuple[float, int, int], float] = {}  # one per size: a burst has few
         for r in queued:
-            claims[r.tenant] = claims.get(r.tenant, counters.rank(r.tenant)) + self._worth(r)
+            size = (r.weight, prefill_left(r), self.est.outputs_left(r))
+            w = worth.get(size)
+            if w is None:
+                w = worth[size] = self._worth(r)
+            claims[r.tenant] = claims.get(r.tenant, counters.rank(r.tenant)) + w
         for r in running:
             if r.slo_class is cls:
                 left = counters.output_cost * self.est.outputs_left(r)
@@ -464,6 +467,18 @@ def _before_retries(
         return None
     after = late(merged[:k] + merged[k + 1 :], firsts[:k] + firsts[k + 1 :])
     return firsts[k] - now if len(after) <= len(before) else None
+
+
+def _earliest_due(queued: Sequence[Choice], promises: Mapping[Choice, float]) -> Choice | None:
+    """The first of ``queued`` with the earliest promise, as ``promises.due_order`` ranks
+    them; None if none has one."""
+    best: Choice | None = None
+    best_due = float("inf")
+    for r in queued:
+        due = promises.get(r)
+        if due is not None and due < best_due:
+            best, best_due = r, due
+    return best
 
 
 def _sheddable(r: Choice) -> bool:

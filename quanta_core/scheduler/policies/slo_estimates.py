@@ -12,7 +12,7 @@ Everything else (batch, and the slots' release times) is priced beside the busy 
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
 from quanta_core.requests import SloClass
 from quanta_core.scheduler.choice import Choice
@@ -101,6 +101,27 @@ class SloEstimates:
         """A not yet submitted interactive request of these sizes (a booked retry)."""
         prefill = self.interactive_prefill_s(prompt_len, streams, budget)
         return Job(prefill, max(min(max_tokens, self.expected()), 1) * decode_s)
+
+    def jobs(
+        self,
+        queued: Iterable[Choice],
+        promises: Mapping[Choice, float],
+        decode_s: float,
+        streams: int,
+        budget: int,
+    ) -> list[Job]:
+        """``job`` of each of ``queued``, due at its promise: each size priced once (a burst
+        is hundreds of requests of a few sizes, and every arrival projects them all)."""
+        priced: dict[tuple[SloClass, int, int], Job] = {}
+        out: list[Job] = []
+        for r in queued:
+            size = (r.slo_class, prefill_left(r), self.outputs_left(r))
+            job = priced.get(size)
+            if job is None:
+                job = priced[size] = self.job(r, None, decode_s, streams, budget)
+            due = promises.get(r)
+            out.append(job if due is None else Job(job.prefill_s, job.hold_s, due))
+        return out
 
     def job(self, r: Choice, due: float | None, decode_s: float, streams: int, budget: int) -> Job:
         """``r`` queued; ``due`` its promised first token (None: no promise)."""
