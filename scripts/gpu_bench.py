@@ -583,6 +583,14 @@ def measure(server: Server, label: str, args: list[str], log_to: Path) -> dict[s
     return row
 
 
+def records_dir(out: Path) -> Path:
+    """Where the benches keep what a summary drops (each request's record, the server's
+    step trace, the calibration's samples): in results.tgz, for reading and refitting."""
+    path = out / "records"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 PARTIAL: dict[str, Any] = {}
 PARTIAL_FILE: Path | None = None
 
@@ -599,11 +607,14 @@ def cmd_llama(args: argparse.Namespace) -> dict[str, Any]:
     PARTIAL_FILE = args.out / "llama.partial.json"
     out: dict[str, Any] = {}
     crowd = crowd_workload(args.out / "crowd.toml")
-    state = Path(tempfile.mkdtemp(prefix="quanta-gpu-llama-"))
+    state = records_dir(args.out)  # every request's record, for reading (and simulating) later
     log_to = state / "client.log"
     url = f"http://127.0.0.1:{PORT}"
     for policy in () if args.llama_server_only else ("quanta",):  # Quanta's default
-        server, key = quanta_server(args.model, {"QUANTA_POLICY": policy})
+        trace = str(state / f"steps-quanta-{policy}.jsonl")
+        server, key = quanta_server(
+            args.model, {"QUANTA_POLICY": policy, "QUANTA_STEP_TRACE": trace}
+        )
         env = {**os.environ, **server.env}
         etl = subprocess.run(
             ["quanta", "tenants", "create", "etl", "--slo-class", "batch"],
@@ -649,16 +660,20 @@ def cmd_calibrate(args: argparse.Namespace) -> dict[str, Any]:
     model_out = args.out / "cost_model.json"
     started = time.perf_counter()
     subprocess.run(["quanta", "calibrate", "--model", args.model, "--out", str(model_out),
-                    "--plot", str(args.out / "cost_model.png"), *args.calibrate_args],
+                    "--plot", str(args.out / "cost_model.png"),
+                    "--samples", str(records_dir(args.out) / "calibrate-samples.json"),
+                    *args.calibrate_args],
                    env=env, check=True)  # fmt: skip
     result: dict[str, Any] = {"cost_model": str(model_out),
                               "calibrate_s": time.perf_counter() - started}  # fmt: skip
     result["fit"] = json.loads(model_out.read_text())["meta"].get("fit")
     (args.out / "calibrate.partial.json").write_text(json.dumps(result, indent=1))
     crowd = crowd_workload(args.out / "predict.toml")
-    state = Path(tempfile.mkdtemp(prefix="quanta-gpu-predict-"))
-    measured, predicted = state / "measured.json", state / "predicted.json"
-    server, key = quanta_server(args.model)
+    state = records_dir(args.out)
+    measured, predicted = state / "predict-measured.json", state / "predict-simulated.json"
+    server, key = quanta_server(
+        args.model, {"QUANTA_STEP_TRACE": str(state / "steps-predict-measured.jsonl")}
+    )
     server.start()
     try:
         client(["--url", f"http://127.0.0.1:{PORT}", "--api-key", key, "--workload", str(crowd),
