@@ -1,9 +1,12 @@
-"""Scheduler overhead per cycle: ``schedule()`` + ``update()`` at 1, 16 and 64 running.
+"""Scheduler overhead per cycle: ``schedule()`` + ``update()`` at 1, 16 and 64 running; and
+a burst's admission: N interactive requests at once under the default policy.
 
 The engine is the fake one (its own time is not counted); the figure is compared with the
 real engine's decode step at the same batch, read from ``bench/results/engine.json`` (run
-``python -m scripts.bench_engine`` first). Target: under 2% of the step. Writes
-``bench/results/scheduler_overhead.json``.
+``python -m scripts.bench_engine`` first). Target: under 2% of the step. The burst runs with a
+GPU's slots (256 running, 2,048-token steps), where a crowd of 200 comes in at once: every
+``submit`` is on the server's event loop before the request is queued, so its cost adds up
+across the burst. Writes ``bench/results/scheduler_overhead.json``.
 
     .venv/bin/python -m scripts.bench_scheduler [--cycles N]
 """
@@ -58,6 +61,31 @@ def cycle_times(running: int, cycles: int) -> list[float]:
     return times
 
 
+def burst_times(n: int) -> tuple[list[float], float]:
+    """``submit`` seconds of each of ``n`` interactive requests (32-token prompts, 256 tokens)
+    arriving 0.5 ms apart, and the seconds of the ``schedule`` that starts the first of them."""
+    from app.server.scheduling import scheduler_config
+    from app.server.settings import Settings
+
+    settings = Settings(n_gpu_layers=-1, n_seq_max=256, max_running=256, n_ctx=77824, n_batch=2048)
+    executor = FakeExecutor(n_ctx=77824, n_seq_max=256, n_batch=2048, n_vocab=100_000)
+    clock = VirtualClock()
+    scheduler = Scheduler(scheduler_config(settings), executor.info, clock)
+    sampling = SamplingParams(temperature=0.0, ignore_eos=True)
+    submits = []
+    for i in range(n):
+        clock.advance(0.0005)
+        prompt = tuple(range(300 * i + 1, 300 * i + 33))
+        t0 = time.perf_counter()
+        scheduler.submit(GenerationRequest(f"b{i}", prompt, 256, sampling))
+        submits.append(time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    plan = scheduler.schedule()
+    first = time.perf_counter() - t0
+    assert plan.slices, "the burst's first cycle started nothing"
+    return submits, first
+
+
 def engine_step_ms(batch: int) -> float | None:
     path = Path("bench/results/engine.json")
     if not path.exists():
@@ -86,6 +114,18 @@ def main() -> None:
                 "share_pct": None if step_ms is None else 100 * overhead_ms / step_ms,
             }
         )
+    bursts: list[dict[str, Any]] = []
+    for n in (64, 200):
+        submits, first = burst_times(n)
+        bursts.append(
+            {
+                "requests": n,
+                "submit_mean_us": statistics.fmean(submits) * 1e6,
+                "submit_last_us": submits[-1] * 1e6,
+                "submit_total_ms": sum(submits) * 1e3,
+                "first_schedule_ms": first * 1e3,
+            }
+        )
     table = Table(title="scheduler overhead per cycle (schedule + update)")
     for col in ("running", "median", "p99", "engine step", "share (target < 2%)"):
         table.add_column(col, justify="right")
@@ -100,7 +140,22 @@ def main() -> None:
             share,
         )
     console.print(table)
-    write_results(args.out, {"environment": environment(), "context": CONTEXT, "rows": rows})
+    burst = Table(title="a burst at once (default policy, 256 slots): submits, first schedule")
+    for col in ("requests", "submit mean", "last submit", "all submits", "first schedule"):
+        burst.add_column(col, justify="right")
+    for b in bursts:
+        burst.add_row(
+            str(b["requests"]),
+            f"{b['submit_mean_us']:.0f} µs",
+            f"{b['submit_last_us']:.0f} µs",
+            f"{b['submit_total_ms']:.1f} ms",
+            f"{b['first_schedule_ms']:.1f} ms",
+        )
+    console.print(burst)
+    write_results(
+        args.out,
+        {"environment": environment(), "context": CONTEXT, "rows": rows, "bursts": bursts},
+    )
 
 
 if __name__ == "__main__":
