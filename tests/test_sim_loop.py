@@ -90,6 +90,26 @@ def test_the_servers_own_time_follows_every_step_the_engine_idle_meanwhile() -> 
         ServerCost(per_cycle_s=-0.001)
 
 
+def test_the_servers_intake_takes_a_burst_in_one_request_at_a_time() -> None:
+    # 4 ms of intake each: the burst of three is submitted at 4, 8 and 12 ms; r0's prefill
+    # starts at once (4-14 ms), r1 and r2 share the next step (14-24 ms). r3, sent when the
+    # intake is idle again, waits only its own 4 ms.
+    plan = [_planned(0, 0.0), _planned(1, 0.0), _planned(2, 0.0), _planned(3, 0.1)]
+    server = ServerCost(per_request_s=0.004)
+    outcome = simulate(_spec(requests=4), plan, SchedulerConfig(), ENGINE, TEN_MS, server)
+    r0, r1, r2, r3 = outcome.records
+    assert [r.sent for r in outcome.records] == [0.0, 0.0, 0.0, 0.1]
+    assert r0.ttft == pytest.approx(0.014)
+    assert r1.ttft == pytest.approx(0.024) and r2.ttft == pytest.approx(0.024)
+    assert r1.server_queue_s == pytest.approx(0.006)  # submitted at 8 ms, planned at 14
+    assert r3.ttft == pytest.approx(0.014)
+    # No intake cost: the burst is submitted when it is sent, its prompts in one step.
+    alone = simulate(_spec(requests=4), plan, SchedulerConfig(), ENGINE, TEN_MS)
+    assert [r.ttft for r in alone.records] == pytest.approx([0.01] * 4)  # one step for all
+    with pytest.raises(ValueError, match="negative"):
+        ServerCost(per_request_s=-0.001)
+
+
 def test_an_idle_engine_waits_for_the_next_arrival() -> None:
     plan = [_planned(0, 0.0), _planned(1, 10.0)]
     outcome = simulate(_spec(), plan, SchedulerConfig(), ENGINE, TEN_MS)

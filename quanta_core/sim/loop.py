@@ -1,6 +1,8 @@
 """The discrete-event loop: the server's driver, on a virtual clock.
 
     Arrival(t)     clock := t; scheduler.submit; an idle engine gets a StepStart at t
+                   (with an intake cost, ``ServerCost.per_request_s``, a request sent at t is
+                   submitted once the server's intake, one request at a time, has taken it)
     StepStart(t)   clock := t; plan = schedule(); result = executor.step(plan)
                    → StepDone at t + result.timings.total_s (the cost model's seconds)
                      + the server's own time for the cycle (``ServerCost``, 0 by default)
@@ -62,6 +64,7 @@ class SimLoop:
         self.bulk_evictions = 0  # of those, steps whose grows evicted cached blocks
         self.busy_s = 0.0  # virtual seconds the engine was stepping
         self._engine_busy = False  # a step is in flight or a StepStart is queued
+        self._intake_free = 0.0  # when the server's intake has taken in every request sent
         self._bulk = (
             executor
             if bulk and isinstance(executor, SimExecutor) and executor.decodes_in_bulk
@@ -71,7 +74,16 @@ class SimLoop:
     # ---- what the client side calls ----
 
     def arrive(self, time: float, request: GenerationRequest) -> None:
-        self.queue.push(time, Arrival(request))
+        """``request`` is sent at ``time``; the scheduler has it once the intake is done."""
+        if not self.server.per_request_s:
+            self.queue.push(time, Arrival(request))
+            return
+        self.queue.push(time, Wake(lambda now: self._take_in(now, request)))
+
+    def _take_in(self, now: float, request: GenerationRequest) -> None:
+        """The intake, in the order requests are sent: each after the one before it."""
+        self._intake_free = max(now, self._intake_free) + self.server.per_request_s
+        self.queue.push(self._intake_free, Arrival(request))
 
     def call_at(self, time: float, action: Callable[[float], None]) -> None:
         self.queue.push(time, Wake(action))

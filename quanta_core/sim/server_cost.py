@@ -10,8 +10,16 @@ The real inter-token gap is the engine's step plus this; the simulator adds it t
 Measured on the real server by ``scripts/bench_http_overhead.py`` (HTTP streaming against the
 engine alone at 1, 8 and 16 streams; its ``server_cost``), or read from real servers' step
 traces (``scripts/fidelity_server_cost.py``: the gap before each step and its boundary), given
-to ``quanta sim`` with ``--server-cycle-ms`` and ``--server-token-ms``. Zero for both: the
-engine alone.
+to ``quanta sim`` with ``--server-cycle-ms`` and ``--server-token-ms``.
+
+A request also costs the server its intake before the scheduler sees it (its HTTP handler:
+the key, the body, tokenizing, admission), ``per_request_s``, run one request at a time on
+the server's event loop: a burst of N reaches the scheduler over N * per_request_s, the k-th
+at k * per_request_s. (The loop's time for intake and for the cycles are not charged against
+each other: a burst's intake mostly comes before its first steps.) A served burst's records
+measure it: the gaps between the scheduler's arrivals, each ``sent`` + TTFT - its
+``queue_s`` - its ``prefill_s`` (``bench/results/gpu/README.md``: 1.1-1.3 ms on the H200
+host). ``quanta sim --server-request-ms``. Zero for all three: the engine alone.
 """
 
 from __future__ import annotations
@@ -27,9 +35,10 @@ from quanta_core.engine.types import StepPlan
 class ServerCost:
     per_cycle_s: float = 0.0
     per_token_s: float = 0.0
+    per_request_s: float = 0.0  # each request's intake, one at a time, before the scheduler
 
     def __post_init__(self) -> None:
-        if self.per_cycle_s < 0 or self.per_token_s < 0:
+        if self.per_cycle_s < 0 or self.per_token_s < 0 or self.per_request_s < 0:
             raise ValueError(f"a server cost cannot be negative: {self}")
 
     def seconds(self, plan: StepPlan) -> float:

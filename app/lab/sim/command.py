@@ -23,6 +23,9 @@ a real run's own steps had at the same time from the start (its ``speed_profile`
 (A per cycle, B per token handed to a stream; ``quanta_core.sim.server_cost``), which the
 real inter-token gap includes and the engine's cost model does not;
 ``scripts/bench_http_overhead.py`` measures both (its ``server_cost``). Default: 0, 0.
+``--server-request-ms C``: each request's intake by the server (its HTTP handler, one at a
+time) before the scheduler has it, so a burst of N reaches the scheduler over N * C.
+Default: 0.
 """
 
 from __future__ import annotations
@@ -225,6 +228,10 @@ def sim(
     server_token_ms: Annotated[
         float, typer.Option(min=0, help="the server's own time per streamed token (ms)")
     ] = 0.0,
+    server_request_ms: Annotated[
+        float,
+        typer.Option(min=0, help="the server's intake of each request, one at a time (ms)"),
+    ] = 0.0,
     max_running: Annotated[int | None, typer.Option(help="choices running at once")] = None,
     token_budget: Annotated[int | None, typer.Option(help="tokens per step")] = None,
     block_size: Annotated[int | None, typer.Option(help="tokens per KV block")] = None,
@@ -290,7 +297,7 @@ def sim(
     except (ValidationError, ValueError) as exc:
         console.print(f"[red]settings: {exc}")
         raise typer.Exit(code=2) from None
-    server = ServerCost(server_cycle_ms / 1e3, server_token_ms / 1e3)
+    server = ServerCost(server_cycle_ms / 1e3, server_token_ms / 1e3, server_request_ms / 1e3)
     outcome = simulate(spec, plan, config, info, timed, server, profile, retries=retries)
     name = label or f"{spec.name}-sim-{config.policy.value}"
     out = out or Path("bench/results") / f"{name}.json"
@@ -302,7 +309,11 @@ def sim(
         "policy": config.policy.value,
         "cost_model": str(model_path),
         "speed_factor": speed["factor"],
-        "server_cost_ms": {"per_cycle": server_cycle_ms, "per_token": server_token_ms},
+        "server_cost_ms": {
+            "per_cycle": server_cycle_ms,
+            "per_token": server_token_ms,
+            "per_request": server_request_ms,
+        },
         "scheduler": {
             "max_running": config.max_running,
             "token_budget": config.token_budget,
