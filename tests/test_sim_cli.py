@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -120,8 +121,30 @@ def test_server_cost_lengthens_every_gap_and_is_recorded(tmp_path: Path, cost_mo
     served = _sim(cost_model, tmp_path / "served.json", *flags)
     got, want = (r["summary"]["overall"]["itl"]["mean_ms"] for r in (served, base))
     assert got > want + 3  # every gap: 3 ms per cycle and 0.5 ms per stream in the step
-    assert served["config"]["flags"]["server_cost_ms"] == {"per_cycle": 3.0, "per_token": 0.5}
+    assert served["config"]["flags"]["server_cost_ms"] == {
+        "per_cycle": 3.0,
+        "per_token": 0.5,
+        "per_request": 0.0,
+    }
     refused = runner.invoke(cli, ["sim", "--preset", "twenty-at-once", "--server-cycle-ms", "-1"])
+    assert refused.exit_code == 2
+
+
+def test_the_servers_intake_delays_a_bursts_first_tokens(tmp_path: Path, cost_model: Path) -> None:
+    base = _sim(cost_model, tmp_path / "base.json")
+    taken = _sim(cost_model, tmp_path / "taken.json", "--server-request-ms", "50")
+    assert taken["config"]["flags"]["server_cost_ms"]["per_request"] == 50.0
+
+    def before_the_scheduler(doc: dict[str, Any]) -> list[float]:  # sent to submitted, each
+        return sorted(
+            r["token_times"][0] - r["sent"] - r["server_queue_s"] - r["server_prefill_s"]
+            for r in doc["requests"]
+        )
+
+    # Twenty at once, taken in one at a time: submitted 50, 100, ... 1,000 ms after sent.
+    assert before_the_scheduler(taken) == pytest.approx([0.05 * k for k in range(1, 21)])
+    assert before_the_scheduler(base) == pytest.approx([0.0] * 20, abs=1e-9)
+    refused = runner.invoke(cli, ["sim", "--preset", "twenty-at-once", "--server-request-ms", "-1"])
     assert refused.exit_code == 2
 
 
