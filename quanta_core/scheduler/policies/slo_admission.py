@@ -327,12 +327,26 @@ class SloAdmission:
 
     def over_share(self, x: Choice, running: Collection[Choice]) -> bool:
         """Is ``x``'s tenant's claim above the other live tenants' mean by more than ``x``?"""
+        if self._alone(x, running):
+            return False  # the claims would hold its tenant's alone: see below
         claims = self._claims(x.slo_class, running)
         others = [c for t, c in claims.items() if t != x.tenant]
         if not others:
             return False  # alone, its fair share is the whole machine
         own = claims.get(x.tenant, max(self.counters[x.slo_class].rank(x.tenant), min(others)))
         return own - sum(others) / len(others) > self._worth(x)
+
+    def _alone(self, x: Choice, running: Collection[Choice]) -> bool:
+        """Is ``x``'s tenant the only one live in its class (``_claims``'s keys, without
+        pricing them: a one-tenant burst asks at every arrival)?"""
+        cls, tenant = x.slo_class, x.tenant
+        if any(t != tenant for t in self.counters[cls].backlogged()):
+            return False
+        if any(t != tenant for t in self.queue.classes[cls].tenants()):
+            return False
+        if cls is SloClass.BATCH and any(r.tenant != tenant for r in self.queue.promoted):
+            return False
+        return all(r.tenant == tenant for r in running if r.slo_class is cls)
 
     def _tenants_below(self, x: Choice, running: Collection[Choice]) -> list[str]:
         claims = self._claims(x.slo_class, running)

@@ -82,10 +82,15 @@ class SloEstimates:
         streams = min(streams + len(queued), cap - 1)
         lane = now
         ends: list[float] = []
+        priced: dict[int, float] = {}  # interactive prefill by tokens: a burst has few sizes
         for r in running:
             todo = prefill_left(r)
             if r.slo_class is SloClass.INTERACTIVE:
-                prefill = self.interactive_prefill_s(todo, streams, budget) if todo else 0.0
+                prefill = priced.get(todo, -1.0)
+                if prefill < 0:
+                    prefill = priced[todo] = (
+                        self.interactive_prefill_s(todo, streams, budget) if todo else 0.0
+                    )
                 lane += prefill
             else:
                 prefill = self.cost.prefill_s(todo, busy - 1, budget) if todo else 0.0
@@ -114,8 +119,12 @@ class SloEstimates:
         is hundreds of requests of a few sizes, and every arrival projects them all)."""
         priced: dict[tuple[SloClass, int, int], Job] = {}
         out: list[Job] = []
+        expected = self.expected()
         for r in queued:
-            size = (r.slo_class, prefill_left(r), self.outputs_left(r))
+            # ``prefill_left`` and ``outputs_left``, inline: this runs for every queued
+            # request at every arrival.
+            todo = max(r.num_tokens - r.num_computed_tokens - 1, 0)
+            size = (r.slo_class, todo, max(min(r.max_tokens, expected) - r.num_output, 1))
             job = priced.get(size)
             if job is None:
                 job = priced[size] = self.job(r, None, decode_s, streams, budget)
