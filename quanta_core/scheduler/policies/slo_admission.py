@@ -328,7 +328,7 @@ class SloAdmission:
     def over_share(self, x: Choice, running: Collection[Choice]) -> bool:
         """Is ``x``'s tenant's claim above the other live tenants' mean by more than ``x``?"""
         if self._alone(x, running):
-            return False  # the claims would hold its tenant's alone: see below
+            return False  # no other tenant's claim to weigh it against
         claims = self._claims(x.slo_class, running)
         others = [c for t, c in claims.items() if t != x.tenant]
         if not others:
