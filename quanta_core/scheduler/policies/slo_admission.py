@@ -154,10 +154,12 @@ class SloAdmission:
             return self.est.job(r, due, decode_s, streams, base.token_budget)
 
         # Every promise is due before x's would be (same target, earlier arrival): x goes
-        # after them all, so admitting it can delay none of them.
+        # after them all, so admitting it can delay none of them. Their due times order
+        # them (``_projected_queue``) but play no part below: only the booked retries' and
+        # x's own are checked.
         unpromised = self._unpromised()
         promised = [r for r in queued if r not in unpromised]
-        ordered = self.est.jobs(promised, self.promises, decode_s, streams, base.token_budget)
+        ordered = self.est.jobs(promised, {}, decode_s, streams, base.token_budget)
         own = self.bookings.claim(x) if self.bookings is not None else None
         booked: list[Job] = []
         if self.bookings is not None:
