@@ -526,3 +526,20 @@ def test_quick_calibration_of_the_real_engine(model_path: Path, tmp_path: Path) 
     )
     assert result.exit_code == 0, result.output
     assert json.loads(probe_file.read_text())["speed_factor"] > 0
+
+
+def test_a_burst_point_starts_new_sequences_that_all_sample_and_undoes_them() -> None:
+    ex = FakeExecutor(n_ctx=8192, n_seq_max=64, n_batch=512)
+    runner = GridRunner(ex)
+    points = build_grid(dataclasses.replace(QUICK, burst_prompts=(16, 100)), 8192, 64, 512, 128)
+    bursts = [p for p in points if p.kind is Kind.BURST]
+    # As many prompts as the token budget holds: 128 // 16 and 128 // 100
+    assert [(p.batch, p.chunk) for p in bursts] == [(1, 100), (8, 16)]
+    runner.run(bursts)
+    measured = [s for s in runner.samples if s.point.startswith("burst") and not s.warmup]
+    assert [s.point for s in measured] == ["burst 1 x 100", "burst 8 x 16"]
+    for s, p in zip(measured, bursts, strict=True):
+        assert s.features.seqs == s.features.sampled_chunks == p.batch
+        assert s.features.prefill_tokens == p.batch * p.chunk
+        assert s.kv_held == 0  # nothing held beside it
+    assert ex.memory_stats().sequences == ()

@@ -119,6 +119,17 @@ def test_features_of_a_prefill_chunk_counts_attention_inside_the_chunk() -> None
     assert group_of(f) is Group.PREFILL
 
 
+def test_a_prompts_last_chunk_prices_its_sampled_token_as_a_decode_token() -> None:
+    chunks = (SeqSlice(0, (1, 2, 3), 0, sample=True, owner="a"), SeqSlice(1, (4, 5), 0))
+    f = features_of(StepPlan(slices=chunks), {}, {})
+    assert (f.decode_tokens, f.prefill_tokens, f.sampled_chunks) == (0, 5, 1)
+    assert group_of(f) is Group.PREFILL  # still a prefill step: no slice is a decode
+    model = CostModel(per_pass=0.01, per_batched_pass=0.001, per_decode=0.002, per_prefill=0.003)
+    assert model.predict(f) == pytest.approx(0.01 + 0.001 + 0.002 + 4 * 0.003)
+    # the fit sees it the same way: one decode token, four prefill tokens
+    assert f.as_row()[2:4] == (1.0, 4.0)
+
+
 def test_features_of_a_mixed_batch() -> None:
     plan = StepPlan(slices=(SeqSlice(0, (9,), 7), SeqSlice(1, (1, 2, 3), 0)))
     f = features_of(plan, {0: 7}, {})

@@ -28,8 +28,13 @@ def test_step_time_is_the_cost_models_prediction_from_the_state_before_the_plan(
     ex = _sim()
     prefill = StepPlan(slices=(SeqSlice(0, tuple(range(10, 20)), 0, sample=True, owner="a"),))
     r1 = ex.step(prefill)
-    # 10 tokens at 0..9 attend 55 pairs; 10 batch tokens x 10 cells held
-    assert r1.timings.total_s == pytest.approx(MODEL.predict(StepFeatures(1, 0, 10, 0.055, 1e-4)))
+    # 10 tokens at 0..9 attend 55 pairs; 10 batch tokens x 10 cells held; the chunk samples
+    features = StepFeatures(1, 0, 10, 0.055, 1e-4, sampled_chunks=1)
+    assert r1.timings.total_s == pytest.approx(MODEL.predict(features))
+    # ... so its last token is priced as a decode token, its other 9 as prefill tokens
+    assert r1.timings.total_s == pytest.approx(0.01 + 0.002 + 9 * 0.003 + 0.5 * 1e-4)
+    unsampled = _sim().step(StepPlan(slices=(SeqSlice(0, tuple(range(10, 20)), 0),)))
+    assert unsampled.timings.total_s == pytest.approx(0.01 + 10 * 0.003 + 0.5 * 1e-4)
     token = r1.outputs[0].token
     r2 = ex.step(StepPlan(slices=(SeqSlice(0, (token,), 10, sample=True, owner="a"),)))
     assert r2.timings.total_s == pytest.approx(0.01 + 0.002 + 0.5 * 11e-6)  # 11 cells held

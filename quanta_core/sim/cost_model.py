@@ -2,8 +2,9 @@
 
     step_s = per_pass         * 1 if the step runs any token           (a forward pass)
            + per_batched_pass * 1 if it runs more than one token        (the matrix path)
-           + per_decode       * decode tokens       (slices of one token)
-           + per_prefill      * prefill tokens      (slices of more than one token)
+           + per_decode       * decode tokens       (slices of one token, and the last
+                                                      token of each chunk that samples)
+           + per_prefill      * prefill tokens      (the other tokens of longer slices)
            + per_attended     * attended pairs / 1000
            + per_batch_kv     * batch tokens * the batch's KV cells / 1e6
            + per_kv_held      * the batch's KV cells / 1000
@@ -23,7 +24,10 @@ What each term stands for on llama.cpp's CPU backend:
                     about the same as two.
   per_decode        a decode token's own work: its share of the weight products, its logits
                     over the vocabulary and its sampler.
-  per_prefill       a prefill token's share of the weight products (no logits).
+  per_prefill       a prefill token's share of the weight products (no logits). A prompt's
+                    last chunk samples: its last token has a logits row and a sampler, and
+                    is priced as a decode token (a burst's first steps sample a new row
+                    for every prompt they finish).
   per_attended      each sequence's own causal attention: a token at position p attends to
                     p + 1 positions, so a slice of n tokens starting at p attends
                     n * p + n * (n + 1) / 2 pairs.
@@ -84,6 +88,9 @@ class StepFeatures(NamedTuple):
     restore_tokens: int = 0
     idle_k: float = 0.0  # KV cells of the sequences outside the batch, in thousands
     batch_idle_m: float = 0.0  # batch tokens x those cells, in millions
+    # Of the prefill tokens, the last of each chunk that samples (last, so that a step
+    # trace or samples file written before it loads with 0).
+    sampled_chunks: int = 0
 
     def as_row(self) -> tuple[float, ...]:
         """The regressors in ``COEFFICIENTS`` order."""
@@ -91,8 +98,8 @@ class StepFeatures(NamedTuple):
         return (
             1.0 if tokens else 0.0,
             1.0 if tokens > 1 else 0.0,
-            float(self.decode_tokens),
-            float(self.prefill_tokens),
+            float(self.decode_tokens + self.sampled_chunks),
+            float(self.prefill_tokens - self.sampled_chunks),
             self.attended_k,
             self.batch_kv_m,
             self.kv_held_k,
@@ -139,7 +146,7 @@ def features_of(
     if ops:  # most steps have none (the simulator counts every step)
         stash = sum(lengths.get(op.seq, 0) for op in ops if isinstance(op, Stash))
         restore = sum(stash_lengths.get(op.key, 0) for op in ops if isinstance(op, Restore))
-    decode = prefill = pairs = held = held_before = 0
+    decode = prefill = pairs = held = held_before = sampled = 0
     for s in slices:
         n, start = len(s.tokens), s.start_pos
         if n == 1:
@@ -148,12 +155,13 @@ def features_of(
         else:
             prefill += n
             pairs += attended_pairs(start, n)
+            sampled += s.sample
         held += start + n
         held_before += lengths.get(s.seq, 0)
     batch = decode + prefill
     idle = sum(lengths.values()) - held_before if batch else 0
     # ``_make`` from a tuple in field order: the simulator builds one per step, and the named
-    # tuple's constructor takes its ten arguments at twice the cost.
+    # tuple's constructor takes its eleven arguments at twice the cost.
     return StepFeatures._make(
         (
             len(slices),  # seqs
@@ -166,6 +174,7 @@ def features_of(
             restore,
             idle / 1000.0,  # idle_k
             batch * idle / 1e6,  # batch_idle_m
+            sampled,  # sampled_chunks
         )
     )
 
@@ -189,6 +198,7 @@ def steady_features(n_decode: int, chunk: int, pairs: int, held: int, idle: int)
             0,
             idle / 1000.0,
             batch * idle / 1e6,
+            0,  # a steady run's chunk does not sample
         )
     )
 
@@ -217,8 +227,8 @@ class CostModel:
             seconds += (
                 self.per_pass
                 + (self.per_batched_pass if tokens > 1 else 0.0)
-                + self.per_decode * f.decode_tokens
-                + self.per_prefill * f.prefill_tokens
+                + self.per_decode * (f.decode_tokens + f.sampled_chunks)
+                + self.per_prefill * (f.prefill_tokens - f.sampled_chunks)
                 + self.per_attended * f.attended_k
                 + self.per_batch_kv * f.batch_kv_m
                 + self.per_kv_held * f.kv_held_k

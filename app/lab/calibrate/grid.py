@@ -10,6 +10,8 @@
               a visit restores the point's sequences, runs the step once as a warm-up and
               once measured, and undoes it (Truncate back to the context)
 
+    burst       new sequences, each one prompt of P tokens, all sampled, in one step of the
+                token budget (what a burst of arrivals makes the first steps)
     context C   sequence 0 holds C:   prefill chunks appended at C, stash + restore of C
                 sequences 0..B-1 hold C:   decode of all B,
                                            mixed = B decodes + one chunk of (budget - B) tokens
@@ -48,9 +50,10 @@ class Kind(StrEnum):
     STASH = "stash"
     DECODE = "decode"
     MIXED = "mixed"
+    BURST = "burst"
 
 
-_KIND_ORDER = {Kind.PREFILL: 0, Kind.STASH: 1, Kind.DECODE: 2, Kind.MIXED: 3}
+_KIND_ORDER = {Kind.PREFILL: 0, Kind.STASH: 1, Kind.DECODE: 2, Kind.MIXED: 3, Kind.BURST: 4}
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +63,9 @@ class Point:
     kind: Kind
     batch: int
     context: int
-    chunk: int = 0  # new prefill tokens: appended to sequence 0 (PREFILL) or a new one (MIXED)
+    # new prefill tokens: appended to sequence 0 (PREFILL), a new one (MIXED), or each of
+    # ``batch`` new ones (BURST)
+    chunk: int = 0
     idle: int = 0  # tokens a sequence outside the batch (the last id) holds meanwhile
 
     @property
@@ -76,6 +81,8 @@ class Point:
                 return f"decode {self.batch} at {self.context}"
             case Kind.MIXED:
                 return f"mixed {self.batch} at {self.context} + {self.chunk}"
+            case Kind.BURST:
+                return f"burst {self.batch} x {self.chunk}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +97,7 @@ class GridSpec:
     max_held: int  # KV tokens a context's fill may reach: bounds the time spent filling
     repeats: int  # passes over the grid: each point's measured runs
     probe_every: int  # visits between reference probes; 0: at the start and the end only
+    burst_prompts: tuple[int, ...] = ()  # prompt lengths of a burst's new sequences
 
 
 # Time on this 2-core machine: filling 4 contexts x 4096 tokens at ~155 tokens/s, then the
@@ -105,6 +113,7 @@ FULL = GridSpec(
     max_held=4096,
     repeats=4,
     probe_every=40,  # about twice a pass: ~4 s every ~25 s
+    burst_prompts=(32,),  # twenty people at once, say: ~25 s more
 )
 # A GPU engine (n_gpu_layers != 0) runs up to 256 sequences a step: batches and held cells
 # reach what it serves; its steps take milliseconds, so the larger grid costs minutes.
@@ -118,6 +127,9 @@ GPU = GridSpec(
     idle_cells=(512, 2048, 8192),
     max_held=16384,
     repeats=4,
+    # A burst of short prompts fills the budget with many sampled rows: a step shape the
+    # other points do not have, and the one that sets a burst's first tokens.
+    burst_prompts=(16, 32, 128, 512),
     probe_every=40,
 )
 QUICK = GridSpec(
@@ -131,6 +143,7 @@ QUICK = GridSpec(
     max_held=512,
     repeats=3,  # the fewest whose median ignores one disturbed run
     probe_every=0,
+    burst_prompts=(16,),
 )
 
 
@@ -159,6 +172,10 @@ def build_grid(
             for b in spec.mixed_batches
             if budget - b > 1 and b < n_seq_max and b * c <= room
         ]
+    for n in spec.burst_prompts:
+        batch = min(budget // n, n_seq_max - 1, n_batch // n)
+        if batch >= 1 and batch * n <= room:
+            points.append(Point(Kind.BURST, batch, 0, n))
     if contexts:
         c = min(contexts)
         points += [
@@ -282,6 +299,13 @@ class GridRunner:
                 chunk = SeqSlice(0, self._tokens(p.chunk), p.context)
                 self._timed(p.label, StepPlan(slices=(chunk,)), warmup)
                 self._untimed(StepPlan(kv_ops=(Truncate(0, p.context),)))
+            case Kind.BURST:
+                prompts = tuple(
+                    SeqSlice(s, self._tokens(p.chunk), 0, sample=True, owner=f"calibrate{s}")
+                    for s in range(p.batch)
+                )
+                self._timed(p.label, StepPlan(slices=prompts), warmup)
+                self._untimed(StepPlan(kv_ops=tuple(Truncate(s, 0) for s in range(p.batch))))
             case Kind.STASH:
                 key = f"calibrate#{len(self.samples)}"
                 self._timed(f"stash {p.context}", StepPlan(kv_ops=(Stash(0, key),)), warmup)

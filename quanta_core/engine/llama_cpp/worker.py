@@ -194,6 +194,12 @@ class Engine:
         if rest:
             slices = tuple(plan.slices[k] for k in rest)
             rc = self._decode(slices)
+            if rc == 0 and not any(s.sample for s in slices):
+                # Nothing read back, so nothing waited for the device: a GPU may still be
+                # computing the batch's last ubatch. Wait here, so that the step's time is its
+                # own, not a part of the next one's (the calibration and the step-cost
+                # estimates read it); on a CPU the decode has returned finished already.
+                llama_cpp.llama_synchronize(self.ctx)
             t2 = time.perf_counter()
             if rc != 0:
                 decode_error = f"llama_decode failed with code {rc} (KV cache full?)"
