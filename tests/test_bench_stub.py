@@ -17,6 +17,7 @@ The script (seconds; all four requests are sent at 0; targets below):
 
 from __future__ import annotations
 
+import asyncio
 import math
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from app.cli import cli
 from app.lab.bench.client import Target
 from app.lab.bench.compare import comparison_rows, print_comparison
 from app.lab.bench.plots import plot_all
+from app.lab.bench.processes import Senders, processes_for
 from app.lab.bench.report import build_result, load_result, records_of, write_result
 from app.lab.bench.runner import RunOptions, run_plan
 from app.lab.bench.table import print_result
@@ -220,6 +222,39 @@ async def test_closed_loop_users_wait_for_their_answers() -> None:
         records = await run_plan(spec, build_plan(spec), Target(stub.url, "m"), RunOptions())
     assert len(records) == 10 and all(r.ok and r.scheduled is None for r in records)
     assert 1 <= stub.max_in_flight <= 2
+
+
+async def test_a_plan_sent_from_several_processes_is_one_run_on_one_clock() -> None:
+    spec = WorkloadSpec(name="burst", tenants=(TenantSpec("t", output=fixed(3)),), requests=13)
+    plan = build_plan(spec)
+    attempts: list[RequestRecord] = []
+    async with StubServer({}, live=True, default=LIVE) as stub:
+        with Senders(spec, plan, Target(stub.url, "m"), RunOptions(), 3) as senders:
+            records = await asyncio.to_thread(senders.run, attempts.append)
+    # every request once, in plan order, each answered in full
+    assert [r.request_id for r in records] == [f"r{i}" for i in range(13)]
+    assert [len(r.token_times) for r in records if r.ok] == [3] * 13
+    assert sorted(a.request_id for a in attempts) == sorted(r.request_id for r in records)
+    # one clock: all sent at the run's start, the tokens after their own sends
+    assert all(0 <= r.sent < 1.0 for r in records)
+    assert all(r.sent < r.token_times[0] < r.sent + 1.0 for r in records)
+    assert stub.max_in_flight > 1
+
+
+def test_the_number_of_sending_processes() -> None:
+    burst = WorkloadSpec(name="b", tenants=(TenantSpec("t"),), requests=200)
+    assert processes_for(burst, 200, 4) == 4
+    assert processes_for(burst, 3, 4) == 3  # no process without a request
+    assert 1 <= processes_for(burst, 200, None) <= 8
+    assert processes_for(burst, 10, None) == 1  # one per 32 requests
+    closed = WorkloadSpec(name="c", tenants=(TenantSpec("t"),), requests=20, users=4)
+    capped = WorkloadSpec(name="k", tenants=(TenantSpec("t"),), requests=20, concurrency=2)
+    for shared in (closed, capped):
+        assert processes_for(shared, 20, None) == 1
+        with pytest.raises(ValueError, match="shared state"):
+            processes_for(shared, 20, 2)
+    with pytest.raises(ValueError, match="at least 1"):
+        processes_for(burst, 200, 0)
 
 
 async def test_the_compare_and_run_commands(stub_run: StubRun, tmp_path: Path) -> None:

@@ -7,7 +7,6 @@ quanta bench compare bench/results/a.json bench/results/b.json
 
 from __future__ import annotations
 
-import asyncio
 import json
 import signal
 import sys
@@ -21,8 +20,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from app.lab.bench.client import Target
 from app.lab.bench.compare import print_comparison
+from app.lab.bench.processes import Senders, processes_for
 from app.lab.bench.report import build_result, environment, load_result, records_of, write_result
-from app.lab.bench.runner import RunOptions, run_plan
+from app.lab.bench.runner import RunOptions
 from app.lab.bench.table import print_result
 from app.lab.bench.workloads import apply_overrides, make_plan, resolve_workload
 from quanta_core.metrics import RequestRecord, summarize
@@ -47,24 +47,28 @@ def discover_model(url: str, api_key: str | None) -> str:
         return "default"
 
 
-async def measure(
+def measure(
     spec: WorkloadSpec,
     plan: list[PlannedRequest],
     target: Target,
     options: RunOptions,
     *,
+    processes: int = 1,
     quiet: bool = False,
 ) -> list[RequestRecord]:
-    with Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[failed]} failed"),
-        TimeElapsedColumn(),
-        console=console,
-        disable=quiet,
-        transient=False,
-    ) as progress:
+    with (
+        Senders(spec, plan, target, options, processes) as senders,
+        Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[failed]} failed"),
+            TimeElapsedColumn(),
+            console=console,
+            disable=quiet,
+            transient=False,
+        ) as progress,
+    ):
         task = progress.add_task(spec.name, total=len(plan), failed=0)
         failed = 0
 
@@ -73,7 +77,7 @@ async def measure(
             failed += 0 if record.ok else 1
             progress.update(task, advance=1, failed=failed)
 
-        return await run_plan(spec, plan, target, options, on_done=done)
+        return senders.run(on_done=done)
 
 
 @bench_cli.command("run")
@@ -100,6 +104,13 @@ def run(
     plots: Annotated[bool, typer.Option(help="write PNG plots next to --out")] = True,
     timeout: Annotated[float, typer.Option(help="per-request read timeout (s)")] = 600.0,
     quiet: Annotated[bool, typer.Option(help="no progress bar")] = False,
+    processes: Annotated[
+        int | None,
+        typer.Option(
+            help="client processes sending an open-loop plan, each every N-th request "
+            "(default: one per 4 cores, at most 8, one per 32 requests)"
+        ),
+    ] = None,
 ) -> None:
     """Send a workload to a server, print the figures, write them (and plots) to --out."""
     try:
@@ -120,6 +131,11 @@ def run(
     except (WorkloadError, ValueError, OSError) as exc:
         console.print(f"[red]workload: {exc}")
         raise typer.Exit(code=2) from None
+    try:
+        senders = processes_for(spec, len(plan), processes)
+    except ValueError as exc:
+        console.print(f"[red]{exc}")
+        raise typer.Exit(code=2) from None
     url = url.rstrip("/")
     target = Target(
         url=url,
@@ -132,13 +148,15 @@ def run(
     name = label or spec.name
     out = out or Path("bench/results") / f"{name}.json"
     env = environment(url, api_key)
-    records = asyncio.run(measure(spec, plan, target, RunOptions(api_key, timeout), quiet=quiet))
+    options = RunOptions(api_key, timeout)
+    records = measure(spec, plan, target, options, processes=senders, quiet=quiet)
     summary = summarize(records, spec.targets, window_s=spec.window_s)
     flags = {
         "url": url,
         "model": target.model,
         "workload": None if workload is None else str(workload),
         "preset": preset_name,
+        "processes": senders,
     }
     result = build_result(
         label=name, spec=spec, flags=flags, env=env, records=records, summary=summary
