@@ -4,7 +4,7 @@
     gpu_bench.py serve --model M --out DIR      raw llama_decode vs Quanta served, 1..256 streams
     gpu_bench.py llama --model M --out DIR --llama-server BIN    Quanta vs llama-server
     gpu_bench.py calibrate --model M --out DIR  a cost model of this machine, and the simulator's
-                                                prediction of one served run against it
+                                                predictions of two served runs against it
 
 Raw: llama_decode of B sequences in this process (the model's layers on the GPU), then the
 greedy token of every sequence (numpy argmax over its logits): what any server must do per
@@ -651,10 +651,59 @@ def cmd_llama(args: argparse.Namespace) -> dict[str, Any]:
 # ---- calibrate ----
 
 
+def steady_workload(path: Path) -> Path:
+    """Arrivals spread out (Poisson, about half the crowd's throughput in output tokens),
+    prompts and answers of mixed lengths: a server's ordinary day, beside the crowd's burst."""
+    n, rate, prompt, output = (
+        (20, 2.0, (16, 64), (8, 32)) if SMALL else (400, 8.0, (32, 512), (64, 256))
+    )
+    path.write_text(
+        f'name = "gpu-steady"\nseed = 5\nrequests = {n}\nrate = {rate}\n'
+        f'endpoint = "completions"\nignore_eos = true\n\n'
+        f'[[tenants]]\nname = "people"\nclass = "interactive"\n'
+        f'prompt = {{ dist = "uniform", min = {prompt[0]}, max = {prompt[1]} }}\n'
+        f'output = {{ dist = "uniform", min = {output[0]}, max = {output[1]} }}\n'
+    )
+    return path
+
+
+def predict(
+    name: str, wl: Path, model_out: Path, args: argparse.Namespace, env: dict[str, str]
+) -> dict[str, Any]:
+    """One served run of ``wl`` and `quanta sim` of it on ``model_out``: predicted vs
+    measured throughput, TTFT (mean, p99) and ITL p50."""
+    state = records_dir(args.out)
+    measured, predicted = state / f"{name}-measured.json", state / f"{name}-simulated.json"
+    server, key = quanta_server(
+        args.model, {"QUANTA_STEP_TRACE": str(state / f"steps-{name}-measured.jsonl")}
+    )
+    server.start()
+    try:
+        client(["--url", f"http://127.0.0.1:{PORT}", "--api-key", key, "--workload", str(wl),
+                "--out", str(measured)], state / "client.log")  # fmt: skip
+    finally:
+        server.stop()
+    subprocess.run(["quanta", "sim", "--workload", str(wl), "--cost-model", str(model_out),
+                    "--out", str(predicted)], env={**env, **server.env}, check=True,
+                   stdout=subprocess.DEVNULL)  # fmt: skip
+    m, p = summary_of(measured)["overall"], summary_of(predicted)["overall"]
+    compare: dict[str, Any] = {"workload": wl.read_text()}
+    for figure, mv, pv in (
+        ("output_tokens_per_s", m["output_tokens_per_s"], p["output_tokens_per_s"]),
+        ("ttft_mean_ms", m["ttft"]["mean_ms"], p["ttft"]["mean_ms"]),
+        ("ttft_p99_ms", m["ttft"]["p99_ms"], p["ttft"]["p99_ms"]),
+        ("itl_p50_ms", m["itl"]["p50_ms"], p["itl"]["p50_ms"]),
+    ):
+        compare[figure] = {"measured": mv, "predicted": pv, "predicted_over_measured": pv / mv}
+        log(f"predict {name} {figure}: measured {mv:.1f}, predicted {pv:.1f} ({pv / mv:.3f})")
+    compare["measured"], compare["predicted"] = m, p
+    return compare
+
+
 def cmd_calibrate(args: argparse.Namespace) -> dict[str, Any]:
-    """`quanta calibrate` with the GPU settings (the cost model lands in --out), then one
-    served run, the crowd (200 at once x 256 tokens), and `quanta sim` of the same workload
-    on that cost model: predicted vs measured throughput and mean TTFT."""
+    """`quanta calibrate` with the GPU settings (the cost model lands in --out), then two
+    served runs, the crowd (200 at once x 256 tokens) and a steady day (Poisson arrivals,
+    mixed lengths), each with `quanta sim` of the same workload on that cost model."""
     env = {**os.environ, **GPU_ENV, "QUANTA_MODEL_PATH": args.model,
            "QUANTA_CONFIG": "/nonexistent/quanta.toml"}  # fmt: skip
     model_out = args.out / "cost_model.json"
@@ -667,36 +716,14 @@ def cmd_calibrate(args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {"cost_model": str(model_out),
                               "calibrate_s": time.perf_counter() - started}  # fmt: skip
     result["fit"] = json.loads(model_out.read_text())["meta"].get("fit")
-    (args.out / "calibrate.partial.json").write_text(json.dumps(result, indent=1))
-    crowd = crowd_workload(args.out / "predict.toml")
-    state = records_dir(args.out)
-    measured, predicted = state / "predict-measured.json", state / "predict-simulated.json"
-    server, key = quanta_server(
-        args.model, {"QUANTA_STEP_TRACE": str(state / "steps-predict-measured.jsonl")}
-    )
-    server.start()
-    try:
-        client(["--url", f"http://127.0.0.1:{PORT}", "--api-key", key, "--workload", str(crowd),
-                "--out", str(measured)], state / "client.log")  # fmt: skip
-    finally:
-        server.stop()
-    subprocess.run(["quanta", "sim", "--workload", str(crowd), "--cost-model", str(model_out),
-                    "--out", str(predicted)], env={**env, **server.env}, check=True,
-                   stdout=subprocess.DEVNULL)  # fmt: skip
-    crowd.unlink()
-    m, p = summary_of(measured)["overall"], summary_of(predicted)["overall"]
-    compare = {}
-    for name, mv, pv in (
-        ("output_tokens_per_s", m["output_tokens_per_s"], p["output_tokens_per_s"]),
-        ("ttft_mean_ms", m["ttft"]["mean_ms"], p["ttft"]["mean_ms"]),
-        ("ttft_p99_ms", m["ttft"]["p99_ms"], p["ttft"]["p99_ms"]),
-        ("itl_p50_ms", m["itl"]["p50_ms"], p["itl"]["p50_ms"]),
-    ):
-        compare[name] = {"measured": mv, "predicted": pv, "predicted_over_measured": pv / mv}
-        log(f"predict {name}: measured {mv:.1f}, predicted {pv:.1f} ({pv / mv:.3f})")
-    result["prediction"] = {"workload": "200 at once x 256 tokens", **compare}
-    result["measured"], result["predicted"] = m, p
-    (args.out / "calibrate.partial.json").unlink()
+    partial = args.out / "calibrate.partial.json"
+    result["predictions"] = {}
+    for name, make in (("crowd", crowd_workload), ("steady", steady_workload)):
+        partial.write_text(json.dumps(result, indent=1))  # what is done survives a failure
+        wl = make(args.out / f"predict-{name}.toml")
+        result["predictions"][name] = predict(name, wl, model_out, args, env)
+        wl.unlink()
+    partial.unlink()
     return result
 
 

@@ -17,8 +17,8 @@
 #        build     only build (libllama + llama-server, CUDA sm_90) and write the model
 #        serve     raw llama_decode vs Quanta's served HTTP streaming at 1..256 streams
 #        llama     llama-server vs Quanta: 200 at once x 256 tokens, interactive-vs-batch flood
-#        calibrate `quanta calibrate` on this machine (cost model), then a served run and the
-#                  simulator's prediction of it
+#        calibrate `quanta calibrate` on this machine (cost model), then two served runs (the
+#                  crowd, a steady day) and the simulator's prediction of each
 # Everything built stays in $WORK (default /tmp/quanta-gpu) so that later calls on the same warm
 # machine skip the build; a fresh machine builds again (about 5 minutes on 16 cores).
 # Environment: WORK, JOBS (default nproc), BUILD_TARGETS (default: llama mtmd llama-server;
