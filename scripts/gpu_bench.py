@@ -286,9 +286,12 @@ def quanta_server(
     return Server(["quanta", "run"], env, "/readyz", port), key
 
 
-def workload(path: Path, b: int, tokens: int, prompt: int = PROMPT) -> Path:
+def workload(
+    path: Path, b: int, tokens: int, prompt: int = PROMPT, seed: int | None = None
+) -> Path:
+    seed = b if seed is None else seed
     path.write_text(
-        f'name = "gpu-{b}-at-once"\nseed = {b}\nrequests = {b}\nrate = inf\n'
+        f'name = "gpu-{b}-at-once"\nseed = {seed}\nrequests = {b}\nrate = inf\n'
         f'endpoint = "completions"\nignore_eos = true\n\n'
         f'[[tenants]]\nname = "people"\nclass = "interactive"\nprompt = {prompt}\n'
         f"output = {tokens}\n"
@@ -652,10 +655,11 @@ def cmd_llama(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def steady_workload(path: Path) -> Path:
-    """Arrivals spread out (Poisson, about half the crowd's throughput in output tokens),
-    prompts and answers of mixed lengths: a server's ordinary day, beside the crowd's burst."""
+    """Arrivals spread out (Poisson, 6/s: about three quarters of what the H200 cost model
+    serves of this mix), prompts and answers of mixed lengths: a server's ordinary day,
+    beside the crowd's burst."""
     n, rate, prompt, output = (
-        (20, 2.0, (16, 64), (8, 32)) if SMALL else (400, 8.0, (32, 512), (64, 256))
+        (20, 2.0, (16, 64), (8, 32)) if SMALL else (400, 6.0, (32, 512), (64, 256))
     )
     path.write_text(
         f'name = "gpu-steady"\nseed = 5\nrequests = {n}\nrate = {rate}\n'
@@ -667,36 +671,63 @@ def steady_workload(path: Path) -> Path:
     return path
 
 
+def intake_ms(results: Path) -> float:
+    """The server's intake of one request of a burst, in ms: when the scheduler had each
+    request (its ``sent`` + TTFT - its queue and prefill), from the first to the last, over
+    the requests between (``quanta sim --server-request-ms``)."""
+    rows = [r for r in json.loads(results.read_text())["requests"] if r["ok"]]
+    submits: list[float] = sorted(
+        r["sent"] + r["token_times"][0] - r["server_queue_s"] - r["server_prefill_s"] for r in rows
+    )
+    return 1e3 * (submits[-1] - submits[0]) / max(len(submits) - 1, 1)
+
+
 def predict(
     name: str, wl: Path, model_out: Path, args: argparse.Namespace, env: dict[str, str]
 ) -> dict[str, Any]:
     """One served run of ``wl`` and `quanta sim` of it on ``model_out``: predicted vs
-    measured throughput, TTFT (mean, p99) and ITL p50."""
+    measured throughput, TTFT (mean, p99) and ITL p50. Before it, on the same server, a
+    burst of short requests measures the server's intake of a request, and the simulator
+    runs twice: the engine alone (its default) and with that intake."""
     state = records_dir(args.out)
-    measured, predicted = state / f"{name}-measured.json", state / f"{name}-simulated.json"
+    measured = state / f"{name}-measured.json"
+    probe_wl, probe = args.out / "intake.toml", state / f"{name}-intake.json"
+    # Its own prompts (its own seed): the run after it must find none of them cached.
+    workload(probe_wl, 20 if SMALL else 200, 1, seed=7)
     server, key = quanta_server(
         args.model, {"QUANTA_STEP_TRACE": str(state / f"steps-{name}-measured.jsonl")}
     )
     server.start()
     try:
-        client(["--url", f"http://127.0.0.1:{PORT}", "--api-key", key, "--workload", str(wl),
-                "--out", str(measured)], state / "client.log")  # fmt: skip
+        for wl_path, out in ((probe_wl, probe), (wl, measured)):
+            client(["--url", f"http://127.0.0.1:{PORT}", "--api-key", key, "--workload",
+                    str(wl_path), "--out", str(out)], state / "client.log")  # fmt: skip
     finally:
         server.stop()
-    subprocess.run(["quanta", "sim", "--workload", str(wl), "--cost-model", str(model_out),
-                    "--out", str(predicted)], env={**env, **server.env}, check=True,
-                   stdout=subprocess.DEVNULL)  # fmt: skip
-    m, p = summary_of(measured)["overall"], summary_of(predicted)["overall"]
-    compare: dict[str, Any] = {"workload": wl.read_text()}
-    for figure, mv, pv in (
-        ("output_tokens_per_s", m["output_tokens_per_s"], p["output_tokens_per_s"]),
-        ("ttft_mean_ms", m["ttft"]["mean_ms"], p["ttft"]["mean_ms"]),
-        ("ttft_p99_ms", m["ttft"]["p99_ms"], p["ttft"]["p99_ms"]),
-        ("itl_p50_ms", m["itl"]["p50_ms"], p["itl"]["p50_ms"]),
+    probe_wl.unlink()
+    intake = intake_ms(probe)
+    m = summary_of(measured)["overall"]
+    compare: dict[str, Any] = {"workload": wl.read_text(), "intake_ms": intake, "measured": m}
+    for sim, extra in (
+        ("engine_alone", []),
+        ("with_intake", ["--server-request-ms", f"{intake:.3f}"]),
     ):
-        compare[figure] = {"measured": mv, "predicted": pv, "predicted_over_measured": pv / mv}
-        log(f"predict {name} {figure}: measured {mv:.1f}, predicted {pv:.1f} ({pv / mv:.3f})")
-    compare["measured"], compare["predicted"] = m, p
+        predicted = state / f"{name}-simulated-{sim}.json"
+        subprocess.run(["quanta", "sim", "--workload", str(wl), "--cost-model", str(model_out),
+                        "--out", str(predicted), *extra], env={**env, **server.env}, check=True,
+                       stdout=subprocess.DEVNULL)  # fmt: skip
+        p = summary_of(predicted)["overall"]
+        row: dict[str, Any] = {"predicted": p}
+        for figure, mv, pv in (
+            ("output_tokens_per_s", m["output_tokens_per_s"], p["output_tokens_per_s"]),
+            ("ttft_mean_ms", m["ttft"]["mean_ms"], p["ttft"]["mean_ms"]),
+            ("ttft_p99_ms", m["ttft"]["p99_ms"], p["ttft"]["p99_ms"]),
+            ("itl_p50_ms", m["itl"]["p50_ms"], p["itl"]["p50_ms"]),
+        ):
+            row[figure] = {"measured": mv, "predicted": pv, "predicted_over_measured": pv / mv}
+            log(f"predict {name} ({sim}) {figure}: measured {mv:.1f}, predicted {pv:.1f} "
+                f"({pv / mv:.3f})")  # fmt: skip
+        compare[sim] = row
     return compare
 
 
