@@ -543,3 +543,11 @@ def test_a_burst_point_starts_new_sequences_that_all_sample_and_undoes_them() ->
         assert s.features.prefill_tokens == p.batch * p.chunk
         assert s.kv_held == 0  # nothing held beside it
     assert ex.memory_stats().sequences == ()
+
+
+def test_mixed_points_also_take_the_shorter_chunks_the_spec_names() -> None:
+    spec = dataclasses.replace(QUICK, mixed_batches=(4,), mixed_chunks=(16, 64))
+    mixed = [p for p in build_grid(spec, 8192, 256, 512, 64) if p.kind is Kind.MIXED]
+    # beside 4 decodes, a budget of 64: its rest (60) and the named chunk shorter than that
+    assert {(p.batch, p.chunk) for p in mixed if p.context == 32} == {(4, 16), (4, 60)}
+    assert "mixed 4 at 32 + 16" in {p.label for p in mixed}

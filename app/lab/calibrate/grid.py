@@ -14,7 +14,8 @@
                 token budget (what a burst of arrivals makes the first steps)
     context C   sequence 0 holds C:   prefill chunks appended at C, stash + restore of C
                 sequences 0..B-1 hold C:   decode of all B,
-                                           mixed = B decodes + one chunk of (budget - B) tokens
+                                           mixed = B decodes + one chunk of (budget - B) tokens,
+                                           and of each shorter chunk the spec names
                 ... and the last sequence id holds I idle cells beside them: decode of all B
                 (what a prefix cache's holders cost the steps they are not in)
 
@@ -98,6 +99,9 @@ class GridSpec:
     repeats: int  # passes over the grid: each point's measured runs
     probe_every: int  # visits between reference probes; 0: at the start and the end only
     burst_prompts: tuple[int, ...] = ()  # prompt lengths of a burst's new sequences
+    # Chunks, beside each of ``mixed_batches``' decodes, shorter than the budget's rest: a
+    # prompt joining a running set that does not fill the step (a steady day's steps)
+    mixed_chunks: tuple[int, ...] = ()
 
 
 # Time on this 2-core machine: filling 4 contexts x 4096 tokens at ~155 tokens/s, then the
@@ -130,6 +134,10 @@ GPU = GridSpec(
     # A burst of short prompts fills the budget with many sampled rows: a step shape the
     # other points do not have, and the one that sets a burst's first tokens.
     burst_prompts=(16, 32, 128, 512),
+    # On a steady day a prompt of a few hundred tokens joins a few dozen decodes: priced
+    # from the budget-filling mixed points alone, such steps came out at 0.81 of their
+    # measured time (bench/results/gpu/README.md).
+    mixed_chunks=(256,),
     probe_every=40,
 )
 QUICK = GridSpec(
@@ -168,9 +176,10 @@ def build_grid(
             if b <= min(n_seq_max, n_batch) and b * c <= room
         ]
         points += [
-            Point(Kind.MIXED, b, c, budget - b)
+            Point(Kind.MIXED, b, c, chunk)
             for b in spec.mixed_batches
-            if budget - b > 1 and b < n_seq_max and b * c <= room
+            for chunk in sorted({budget - b, *(n for n in spec.mixed_chunks if n < budget - b)})
+            if chunk > 1 and b < n_seq_max and b * c <= room
         ]
     for n in spec.burst_prompts:
         batch = min(budget // n, n_seq_max - 1, n_batch // n)
