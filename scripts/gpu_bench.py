@@ -682,39 +682,62 @@ def intake_ms(results: Path) -> float:
     return 1e3 * (submits[-1] - submits[0]) / max(len(submits) - 1, 1)
 
 
-def predict(
-    name: str, wl: Path, model_out: Path, args: argparse.Namespace, env: dict[str, str]
-) -> dict[str, Any]:
-    """One served run of ``wl`` and `quanta sim` of it on ``model_out``: predicted vs
-    measured throughput, TTFT (mean, p99) and ITL p50. Before it, on the same server, a
-    burst of short requests measures the server's intake of a request, and the simulator
-    runs twice: the engine alone (its default) and with that intake."""
+def serve_run(name: str, wl: Path, args: argparse.Namespace) -> dict[str, Path]:
+    """One served run of ``wl`` with its step trace; before it, on the same server, a burst
+    of one-token requests (prompts of their own) that measures the server's intake."""
     state = records_dir(args.out)
-    measured = state / f"{name}-measured.json"
-    probe_wl, probe = args.out / "intake.toml", state / f"{name}-intake.json"
-    # Its own prompts (its own seed): the run after it must find none of them cached.
-    workload(probe_wl, 20 if SMALL else 200, 1, seed=7)
-    server, key = quanta_server(
-        args.model, {"QUANTA_STEP_TRACE": str(state / f"steps-{name}-measured.jsonl")}
-    )
+    files = {"measured": state / f"{name}-measured.json", "intake": state / f"{name}-intake.json",
+             "trace": state / f"steps-{name}-measured.jsonl"}  # fmt: skip
+    probe = workload(args.out / "intake.toml", 20 if SMALL else 200, 1, seed=7)
+    server, key = quanta_server(args.model, {"QUANTA_STEP_TRACE": str(files["trace"])})
     server.start()
     try:
-        for wl_path, out in ((probe_wl, probe), (wl, measured)):
+        for wl_path, out in ((probe, files["intake"]), (wl, files["measured"])):
             client(["--url", f"http://127.0.0.1:{PORT}", "--api-key", key, "--workload",
                     str(wl_path), "--out", str(out)], state / "client.log")  # fmt: skip
     finally:
         server.stop()
-    probe_wl.unlink()
-    intake = intake_ms(probe)
-    m = summary_of(measured)["overall"]
-    compare: dict[str, Any] = {"workload": wl.read_text(), "intake_ms": intake, "measured": m}
-    for sim, extra in (
-        ("engine_alone", []),
-        ("with_intake", ["--server-request-ms", f"{intake:.3f}"]),
-    ):
-        predicted = state / f"{name}-simulated-{sim}.json"
-        subprocess.run(["quanta", "sim", "--workload", str(wl), "--cost-model", str(model_out),
-                        "--out", str(predicted), *extra], env={**env, **server.env}, check=True,
+    probe.unlink()
+    return files
+
+
+def server_cost(traces: list[Path], intakes: list[Path], model: Path) -> Any:
+    """The server's own costs as these runs saw them: per cycle and per streamed token from
+    the step traces (beyond what the cost model already prices of a step call), the intake
+    of a request from the bursts."""
+    from quanta_core.sim.step_trace import read_trace, server_cost_of
+
+    records = []
+    for path in traces:
+        with path.open() as f:
+            records += read_trace(f)
+    priced_ms = json.loads(model.read_text())["meta"].get("caller_overhead_ms_p50") or 0.0
+    cost = server_cost_of(records, priced_ms / 1e3)
+    per_request = sum(intake_ms(p) for p in intakes) / len(intakes) / 1e3
+    return type(cost)(cost.per_cycle_s, cost.per_token_s, per_request)
+
+
+def predict(
+    name: str, wl: Path, files: dict[str, Path], other: Any, model: Path, env: dict[str, str]
+) -> dict[str, Any]:
+    """`quanta sim` of a served run on ``model``, twice: the engine alone, and with the
+    server's costs (``other``: per cycle and per token from the *other* served run's trace;
+    its intake from this run's own burst). Predicted vs measured throughput, TTFT (mean,
+    p99) and ITL p50."""
+    m = summary_of(files["measured"])["overall"]
+    intake = intake_ms(files["intake"])
+    with_server = (1e3 * other.per_cycle_s, 1e3 * other.per_token_s, intake)
+    compare: dict[str, Any] = {"workload": wl.read_text(), "measured": m,
+                               "server_cost_ms": dict(zip(("per_cycle", "per_token", "per_request"),
+                                                          with_server, strict=True))}  # fmt: skip
+    for sim, ms in (("engine_alone", (0.0, 0.0, 0.0)), ("with_server", with_server)):
+        predicted = files["measured"].with_name(f"{name}-simulated-{sim}.json")
+        flags = [
+            f"--server-{k}-ms={v:.4f}"
+            for k, v in zip(("cycle", "token", "request"), ms, strict=True)
+        ]
+        subprocess.run(["quanta", "sim", "--workload", str(wl), "--cost-model", str(model),
+                        "--out", str(predicted), *flags], env=env, check=True,
                        stdout=subprocess.DEVNULL)  # fmt: skip
         p = summary_of(predicted)["overall"]
         row: dict[str, Any] = {"predicted": p}
@@ -734,7 +757,8 @@ def predict(
 def cmd_calibrate(args: argparse.Namespace) -> dict[str, Any]:
     """`quanta calibrate` with the GPU settings (the cost model lands in --out), then two
     served runs, the crowd (200 at once x 256 tokens) and a steady day (Poisson arrivals,
-    mixed lengths), each with `quanta sim` of the same workload on that cost model."""
+    mixed lengths), each predicted by `quanta sim` on that cost model; the server's costs
+    both runs measured go into the cost model (``meta["server_cost_ms"]``)."""
     env = {**os.environ, **GPU_ENV, "QUANTA_MODEL_PATH": args.model,
            "QUANTA_CONFIG": "/nonexistent/quanta.toml"}  # fmt: skip
     model_out = args.out / "cost_model.json"
@@ -748,11 +772,26 @@ def cmd_calibrate(args: argparse.Namespace) -> dict[str, Any]:
                               "calibrate_s": time.perf_counter() - started}  # fmt: skip
     result["fit"] = json.loads(model_out.read_text())["meta"].get("fit")
     partial = args.out / "calibrate.partial.json"
+    partial.write_text(json.dumps(result, indent=1))  # what is done survives a failure
+    workloads = {"crowd": crowd_workload(args.out / "predict-crowd.toml"),
+                 "steady": steady_workload(args.out / "predict-steady.toml")}  # fmt: skip
+    runs = {name: serve_run(name, wl, args) for name, wl in workloads.items()}
     result["predictions"] = {}
-    for name, make in (("crowd", crowd_workload), ("steady", steady_workload)):
-        partial.write_text(json.dumps(result, indent=1))  # what is done survives a failure
-        wl = make(args.out / f"predict-{name}.toml")
-        result["predictions"][name] = predict(name, wl, model_out, args, env)
+    for name, other in (("crowd", "steady"), ("steady", "crowd")):
+        cost = server_cost([runs[other]["trace"]], [runs[other]["intake"]], model_out)
+        result["predictions"][name] = predict(
+            name, workloads[name], runs[name], cost, model_out, env
+        )
+    both = server_cost([r["trace"] for r in runs.values()], [r["intake"] for r in runs.values()],
+                       model_out)  # fmt: skip
+    doc = json.loads(model_out.read_text())
+    doc["meta"]["server_cost_ms"] = both.in_meta(
+        "gpu_bench.py calibrate: the step traces of the crowd and the steady day (per cycle, "
+        "per streamed token), a burst of short requests before each (intake)"
+    )
+    model_out.write_text(json.dumps(doc, indent=2) + "\n")
+    result["server_cost_ms"] = doc["meta"]["server_cost_ms"]
+    for wl in workloads.values():
         wl.unlink()
     partial.unlink()
     return result

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from app.cli import cli
 from app.lab.bench.report import SCHEMA, load_result
 from app.lab.calibrate.probe import PROBE_SCHEMA, WORK
 from quanta_core.sim.cost_model import CostModel
+from quanta_core.sim.server_cost import ServerCost
 
 ROOT = Path(__file__).resolve().parent.parent
 REAL_RUN = ROOT / "bench/results/twenty-at-once-quanta-fcfs.json"
@@ -128,6 +130,32 @@ def test_server_cost_lengthens_every_gap_and_is_recorded(tmp_path: Path, cost_mo
     }
     refused = runner.invoke(cli, ["sim", "--preset", "twenty-at-once", "--server-cycle-ms", "-1"])
     assert refused.exit_code == 2
+
+
+def test_a_cost_model_that_measured_its_server_simulates_it_by_default(
+    tmp_path: Path, cost_model: Path
+) -> None:
+    base = _sim(cost_model, tmp_path / "base.json")
+    model = CostModel.load(cost_model)
+    measured = ServerCost(0.003, 0.0005, 0.05).in_meta("a served run")
+    served_model = tmp_path / "served__machine.json"
+    dataclasses.replace(model, meta={**model.meta, "server_cost_ms": measured}).save(served_model)
+    served = _sim(served_model, tmp_path / "served.json")
+    assert served["config"]["flags"]["server_cost_ms"] == pytest.approx(
+        {"per_cycle": 3.0, "per_token": 0.5, "per_request": 50.0}
+    )
+    # the same run as with the three flags given
+    flagged = _sim(
+        cost_model,
+        tmp_path / "flagged.json",
+        *("--server-cycle-ms", "3", "--server-token-ms", "0.5", "--server-request-ms", "50"),
+    )
+    assert served["summary"] == flagged["summary"] != base["summary"]
+    # a flag overrides the model's figure, the others stay
+    one = _sim(served_model, tmp_path / "one.json", "--server-request-ms", "0")
+    assert one["config"]["flags"]["server_cost_ms"] == pytest.approx(
+        {"per_cycle": 3.0, "per_token": 0.5, "per_request": 0.0}
+    )
 
 
 def test_the_servers_intake_delays_a_bursts_first_tokens(tmp_path: Path, cost_model: Path) -> None:

@@ -20,15 +20,23 @@ each other: a burst's intake mostly comes before its first steps.) A served burs
 measure it: the gaps between the scheduler's arrivals, each ``sent`` + TTFT - its
 ``queue_s`` - its ``prefill_s`` (``bench/results/gpu/README.md``: 1.1-1.3 ms on the H200
 host). ``quanta sim --server-request-ms``. Zero for all three: the engine alone.
+
+A cost model may carry the server's costs measured on its machine (``meta["server_cost_ms"]``,
+``in_meta`` / ``of_meta``): `quanta sim` then simulates the served server by default, the
+flags override them. The GPU bench writes them from its served runs' step traces
+(``quanta_core.sim.step_trace.server_cost_of``) and intake bursts.
 """
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from quanta_core.engine.types import StepPlan
+
+META_KEY = "server_cost_ms"
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +54,27 @@ class ServerCost:
         if not self.per_token_s:
             return self.per_cycle_s
         return self.per_cycle_s + self.per_token_s * streamed_tokens(plan)
+
+    def in_meta(self, source: str) -> dict[str, Any]:
+        """The cost model's ``meta["server_cost_ms"]`` entry for this cost (in ms)."""
+        return {
+            "per_cycle": 1e3 * self.per_cycle_s,
+            "per_token": 1e3 * self.per_token_s,
+            "per_request": 1e3 * self.per_request_s,
+            "from": source,
+        }
+
+    @classmethod
+    def of_meta(cls, meta: Mapping[str, Any]) -> ServerCost | None:
+        """The server cost a cost model's ``meta`` carries; None if it has none."""
+        entry = meta.get(META_KEY)
+        if not isinstance(entry, Mapping):
+            return None
+        try:
+            ms = [float(entry.get(k, 0.0)) for k in ("per_cycle", "per_token", "per_request")]
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"cost model meta {META_KEY!r} is not a server cost: {exc}") from exc
+        return cls(*(v / 1e3 for v in ms))
 
     def decode_seconds(self, n_seqs: int) -> float:
         """``seconds`` of a plan in which ``n_seqs`` sequences each decode (and sample) one

@@ -239,16 +239,17 @@ def in_run(overall: TraceRow, speed_factor: float) -> InRun:
 SERVER_COST_MIN_STEPS = 5
 
 
-def server_cost_of(records: list[StepRecord]) -> ServerCost:
+def server_cost_of(records: list[StepRecord], priced_s: float = 0.0) -> ServerCost:
     """The server's time around each step as the traces saw it: for each count of tokens the
     step handed to streams (its sampled slices), the median of the gap before the step plus
     its boundary (the step call beyond the worker's time); then ``per_cycle + per_token x
     tokens`` fitted through those medians. The median ignores the gaps in which the server
-    only waited for a request to arrive."""
+    only waited for a request to arrive. ``priced_s``: the part of each boundary the cost
+    model already prices (its calibration timed the step call, ``caller_overhead_ms_p50``)."""
     by_tokens: dict[int, list[float]] = defaultdict(list)
     for r in served_steps(records):
         if r.gap is not None and r.plan is not None:
-            by_tokens[streamed_tokens(r.plan)].append(r.gap + r.total - r.engine)
+            by_tokens[streamed_tokens(r.plan)].append(r.gap + r.total - r.engine - priced_s)
     points = [(n, median(v)) for n, v in by_tokens.items() if len(v) >= SERVER_COST_MIN_STEPS]
     if not points:
         raise ValueError("the traces have too few steps with plans to read the server's time")

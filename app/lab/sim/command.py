@@ -22,10 +22,10 @@ a real run's own steps had at the same time from the start (its ``speed_profile`
 ``--server-cycle-ms A --server-token-ms B`` add the server's own time around every step
 (A per cycle, B per token handed to a stream; ``quanta_core.sim.server_cost``), which the
 real inter-token gap includes and the engine's cost model does not;
-``scripts/bench_http_overhead.py`` measures both (its ``server_cost``). Default: 0, 0.
+``scripts/bench_http_overhead.py`` measures both (its ``server_cost``).
 ``--server-request-ms C``: each request's intake by the server (its HTTP handler, one at a
 time) before the scheduler has it, so a burst of N reaches the scheduler over N * C.
-Default: 0.
+Default, each: what the cost model measured on its machine (``meta["server_cost_ms"]``), else 0.
 """
 
 from __future__ import annotations
@@ -175,6 +175,18 @@ def resolve_speed(factor: float | None, probe: Path | None, model: CostModel) ->
     return {"factor": 1.0, "from": None}
 
 
+def server_cost(
+    model: CostModel, cycle_ms: float | None, token_ms: float | None, request_ms: float | None
+) -> ServerCost:
+    """The flags where given, else what the cost model measured on its machine, else 0."""
+    measured = ServerCost.of_meta(model.meta) or ServerCost()
+    return ServerCost(
+        measured.per_cycle_s if cycle_ms is None else cycle_ms / 1e3,
+        measured.per_token_s if token_ms is None else token_ms / 1e3,
+        measured.per_request_s if request_ms is None else request_ms / 1e3,
+    )
+
+
 def load_speed_profile(path: Path) -> SpeedProfile:
     """The ``speed_profile`` of a ``quanta step-report --out`` file."""
     try:
@@ -223,15 +235,20 @@ def sim(
         typer.Option(help="each step x a real run's speed then (a `quanta step-report --out`)"),
     ] = None,
     server_cycle_ms: Annotated[
-        float, typer.Option(min=0, help="the server's own time per step (ms)")
-    ] = 0.0,
+        float | None,
+        typer.Option(min=0, help="the server's own time per step (ms); default: the model's"),
+    ] = None,
     server_token_ms: Annotated[
-        float, typer.Option(min=0, help="the server's own time per streamed token (ms)")
-    ] = 0.0,
+        float | None,
+        typer.Option(min=0, help="the server's own time per streamed token (ms); as above"),
+    ] = None,
     server_request_ms: Annotated[
-        float,
-        typer.Option(min=0, help="the server's intake of each request, one at a time (ms)"),
-    ] = 0.0,
+        float | None,
+        typer.Option(
+            min=0,
+            help="the server's intake of each request, one at a time (ms); as above",
+        ),
+    ] = None,
     max_running: Annotated[int | None, typer.Option(help="choices running at once")] = None,
     token_budget: Annotated[int | None, typer.Option(help="tokens per step")] = None,
     block_size: Annotated[int | None, typer.Option(help="tokens per KV block")] = None,
@@ -297,7 +314,11 @@ def sim(
     except (ValidationError, ValueError) as exc:
         console.print(f"[red]settings: {exc}")
         raise typer.Exit(code=2) from None
-    server = ServerCost(server_cycle_ms / 1e3, server_token_ms / 1e3, server_request_ms / 1e3)
+    try:
+        server = server_cost(model, server_cycle_ms, server_token_ms, server_request_ms)
+    except ValueError as exc:
+        console.print(f"[red]cost model: {exc}")
+        raise typer.Exit(code=2) from None
     outcome = simulate(spec, plan, config, info, timed, server, profile, retries=retries)
     name = label or f"{spec.name}-sim-{config.policy.value}"
     out = out or Path("bench/results") / f"{name}.json"
@@ -310,9 +331,9 @@ def sim(
         "cost_model": str(model_path),
         "speed_factor": speed["factor"],
         "server_cost_ms": {
-            "per_cycle": server_cycle_ms,
-            "per_token": server_token_ms,
-            "per_request": server_request_ms,
+            "per_cycle": 1e3 * server.per_cycle_s,
+            "per_token": 1e3 * server.per_token_s,
+            "per_request": 1e3 * server.per_request_s,
         },
         "scheduler": {
             "max_running": config.max_running,
