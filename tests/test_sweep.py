@@ -256,6 +256,21 @@ def test_jobs_do_not_change_the_results(cost_model: Path, workload: Path, tmp_pa
     assert (one / "summary.md").read_text() == (two / "summary.md").read_text()
 
 
+def test_a_cost_model_that_measured_its_server_sweeps_with_it(
+    cost_model: Path, workload: Path, tmp_path: Path
+) -> None:
+    doc = json.loads(cost_model.read_text())
+    doc["meta"]["server_cost_ms"] = {"per_cycle": 5.0, "per_token": 1.0, "per_request": 0.0}
+    served = tmp_path / "served.json"
+    served.write_text(json.dumps(doc))
+    assert _tiny(cost_model, workload, tmp_path / "engine", "--jobs", "1", "--no-plots")[0] == 0
+    assert _tiny(served, workload, tmp_path / "served", "--jobs", "1", "--no-plots")[0] == 0
+    engine, server = (_rows(tmp_path / d / "sweep.csv") for d in ("engine", "served"))
+    # every inter-token gap is at least the server's 5 ms per cycle longer
+    for e, s in zip(engine, server, strict=True):
+        assert float(s["itl_mean_s"]) > float(e["itl_mean_s"]) + 0.005
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [

@@ -5,7 +5,8 @@ quanta sweep --policies fcfs,vtc --rates 0.2,0.4,0.8 --max-running 8,16,32 --out
 quanta sweep --grid bench/sweeps/knobs.toml --jobs 2
 
 Every point is one ``simulate()`` of the same plan shape (the workload at that rate, from
-the same seed) through the same ``Scheduler`` the server runs. Points run in worker processes;
+the same seed) through the same ``Scheduler`` the server runs, with the server's own costs
+where the cost model measured them (``meta["server_cost_ms"]``). Points run in worker processes;
 each worker loads the cost model once. Results are keyed by the point's index, so the CSV is
 the same whatever ``--jobs`` is (only the ``wall_s`` column measures this machine).
 
@@ -58,6 +59,7 @@ from quanta_core.requests import SloClass
 from quanta_core.scheduler import SchedulerConfig
 from quanta_core.sim.cost_model import CostModel
 from quanta_core.sim.run import SimOutcome, simulate
+from quanta_core.sim.server_cost import ServerCost
 from quanta_core.workload import WorkloadError, WorkloadSpec
 
 REPO = Path(__file__).resolve().parents[3]
@@ -94,7 +96,9 @@ def run_point(point: SweepPoint) -> dict[str, Any]:
     spec = with_rate(job.spec, point.rate)
     config = point.config(job.base)
     started = time.perf_counter()
-    outcome = simulate(spec, make_plan(spec), config, job.engine, cost_model)
+    # The server's own costs where the cost model measured them on its machine, as quanta sim.
+    server = ServerCost.of_meta(cost_model.meta)
+    outcome = simulate(spec, make_plan(spec), config, job.engine, cost_model, server)
     summary = summarize(outcome.records, spec.targets, window_s=spec.window_s)
     wall_s = time.perf_counter() - started  # the simulation and its figures, as a user waits
     return row(point, job, summary, outcome, wall_s)
