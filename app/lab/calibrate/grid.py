@@ -117,7 +117,7 @@ FULL = GridSpec(
     max_held=4096,
     repeats=4,
     probe_every=40,  # about twice a pass: ~4 s every ~25 s
-    burst_prompts=(32,),  # twenty people at once, say: ~25 s more
+    burst_prompts=(32,),  # twenty people at once, say (a few seconds more)
 )
 # A GPU engine (n_gpu_layers != 0) runs up to 256 sequences a step: batches and held cells
 # reach what it serves; its steps take milliseconds, so the larger grid costs minutes.
