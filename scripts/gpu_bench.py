@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -30,7 +31,10 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from quanta_core.sim.server_cost import ServerCost
 
 PROMPT = 32
 TOKENS = 256
@@ -701,7 +705,7 @@ def serve_run(name: str, wl: Path, args: argparse.Namespace) -> dict[str, Path]:
     return files
 
 
-def server_cost(traces: list[Path], intakes: list[Path], model: Path) -> Any:
+def server_cost(traces: list[Path], intakes: list[Path], model: Path) -> ServerCost:
     """The server's own costs as these runs saw them: per cycle and per streamed token from
     the step traces (beyond what the cost model already prices of a step call), the intake
     of a request from the bursts."""
@@ -714,11 +718,16 @@ def server_cost(traces: list[Path], intakes: list[Path], model: Path) -> Any:
     priced_ms = json.loads(model.read_text())["meta"].get("caller_overhead_ms_p50") or 0.0
     cost = server_cost_of(records, priced_ms / 1e3)
     per_request = sum(intake_ms(p) for p in intakes) / len(intakes) / 1e3
-    return type(cost)(cost.per_cycle_s, cost.per_token_s, per_request)
+    return dataclasses.replace(cost, per_request_s=per_request)
 
 
 def predict(
-    name: str, wl: Path, files: dict[str, Path], other: Any, model: Path, env: dict[str, str]
+    name: str,
+    wl: Path,
+    files: dict[str, Path],
+    other: ServerCost,
+    model: Path,
+    env: dict[str, str],
 ) -> dict[str, Any]:
     """`quanta sim` of a served run on ``model``, twice: the engine alone, and with the
     server's costs (``other``: per cycle and per token from the *other* served run's trace;
