@@ -455,6 +455,30 @@ def test_a_prompt_too_long_for_the_target_waits_no_longer_than_it_computes() -> 
     assert long_prompts("slo")[0] == 0  # `slo` serves them best effort, however long queued
 
 
+def test_a_retry_told_over_half_a_minute_finds_its_booked_place() -> None:
+    """Sustained overload pushes the times told out by the backlog; a retry told over half
+    a minute (clients honour up to a minute) is still booked: back at its time, just after
+    fresh arrivals, it is admitted and they are not."""
+    cfg = SloConfig(interactive_ttft_s=0.2, burst_window_s=0.0, step_base_s=0.01)
+    h = Harness.make(FakeExecutor(n_seq_max=64), policy="quanta", max_running=2, slo=cfg)
+    for k in range(120):
+        h.submit(f"i{k}", prompt(32, base=100 + k), max_tokens=200, slo_class=INTER)
+    late = next(
+        r
+        for (rid, _), r in sorted(h.results().items(), key=lambda kv: int(kv[0][0][1:]))
+        if r.retry_after_s is not None and 31.0 < r.retry_after_s < 55.0
+    )
+    assert late.retry_after_s is not None
+    while h.clock.now() < late.timings.arrival + late.retry_after_s:
+        h.cycle()
+    for k in range(2):  # as many as the slots
+        h.submit(f"new{k}", prompt(32, base=600 + k), max_tokens=200, slo_class=INTER)
+    base = 100 + int(late.request_id[1:])
+    h.submit("retry", prompt(32, base=base), max_tokens=200, slo_class=INTER)
+    assert ("retry", 0) not in h.results()  # admitted: not finished at once
+    assert all(h.results()[(f"new{k}", 0)].rejection is not None for k in range(2))
+
+
 def test_a_retry_too_far_out_is_not_booked() -> None:
     cfg = SloConfig(interactive_ttft_s=0.2, burst_window_s=0.0, step_base_s=0.01)
     h = Harness.make(FakeExecutor(n_seq_max=64), policy="quanta", max_running=2, slo=cfg)

@@ -37,12 +37,14 @@ class Booking:
 
 
 class Bookings:
-    def __init__(self, early_s: float = 0.5, late_s: float = 2.0, horizon_s: float = 30.0) -> None:
+    def __init__(self, early_s: float = 0.5, late_s: float = 2.0, horizon_s: float = 60.0) -> None:
         self.early_s = early_s
         self.late_s = late_s
-        # A retry told to come back later than this is not booked: few clients wait that
-        # long (the OpenAI SDK honours a retry-after of at most 60 s), and under sustained
-        # overload each booking would push the next refusal's time further out.
+        # A retry told to come back later than this is not booked: clients wait at most
+        # about that long (the OpenAI SDK honours a retry-after of up to 60 s), and under
+        # sustained overload each booking pushes the next refusal's time further out. Any
+        # shorter, and the times told under a 2x overload outrun it within a minute: those
+        # retries come back unbooked, into room others took (bench/results/scenarios/).
         self.horizon_s = horizon_s
         # A booking keeps its room until this long after its time: a retry sent at its
         # retry-after arrives a little after it (the client's sleep, its connection).
