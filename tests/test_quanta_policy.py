@@ -10,12 +10,14 @@ import pytest
 
 from app.server.settings import Settings
 from quanta_core.engine.fake import FakeExecutor
-from quanta_core.engine.types import Stash
+from quanta_core.engine.types import SamplingParams, Stash
 from quanta_core.requests import ChoiceResult, FinishReason, RejectionKind, SloClass, TokenEvent
 from quanta_core.scheduler import SloConfig, make_policy
 from quanta_core.scheduler.policies.quanta import QuantaPolicy
 from quanta_core.scheduler.step_cost import StepCostModel
 from tests.scheduler_harness import Harness, expected_tokens, prompt
+
+RUN_OUT = SamplingParams(ignore_eos=True)
 
 INTER, BATCH = SloClass.INTERACTIVE, SloClass.BATCH
 
@@ -212,6 +214,26 @@ def test_the_first_token_estimate_is_kept_and_checked() -> None:
     assert len(policy.estimates) == len(served)
     for est, actual in policy.estimates:
         assert est > 0 and actual > 0
+
+
+def test_a_kv_bound_burst_is_estimated_in_the_rounds_memory_allows() -> None:
+    """Twelve at once, each 32 + 160 tokens ignoring end-of-generation (12 blocks of 16 at
+    its end, more than the 128 tokens an answer is expected to take) on a pool of 48 blocks:
+    the gate runs four at a time, so the last four start after two rounds of 160 steps.
+    Their first-token estimates count those rounds (steps priced at the harness's 10 ms),
+    where the running slots and the mean answer would put them early in the first."""
+    cfg = SloConfig(step_base_s=0.01, step_seq_s=1e-6, step_token_s=1e-6)
+    h = Harness.make(policy="quanta", block_size=16, num_kv_blocks=48, slo=cfg)
+    for k in range(12):
+        h.submit(f"i{k}", prompt(32, base=40 * k + 1), 160, slo_class=INTER, sampling=RUN_OUT)
+    h.run()
+    assert h.sched.num_preemptions == 0
+    for k in range(4, 12):  # the second round and the third
+        t = h.results()[(f"i{k}", 0)].timings
+        assert t.first_token is not None and t.ttft_estimate_s is not None
+        actual = t.first_token - t.arrival
+        assert actual > (k // 4) * 160 * 0.01
+        assert 0.9 < t.ttft_estimate_s / actual < 1.1
 
 
 def test_a_burst_on_a_calm_machine_is_queued_within_the_grace() -> None:

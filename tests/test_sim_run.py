@@ -72,6 +72,15 @@ def test_rejected_requests_are_records_with_the_servers_status() -> None:
     assert all(r.status == 200 and r.n_output == 64 for r in served)
 
 
+def test_admitted_records_carry_the_first_token_estimate_as_the_server_reports_it() -> None:
+    spec = WorkloadSpec(name="w", tenants=(_tenant(32, 16),), requests=20, rate=math.inf)
+    config = SchedulerConfig(policy=PolicyName.QUANTA)
+    outcome = simulate(spec, build_plan(spec), config, ENGINE, TEN_MS)
+    assert all(r.ok for r in outcome.records)
+    estimates = [r.server_ttft_estimate_s for r in outcome.records]
+    assert all(e is not None and e > 0 for e in estimates)
+
+
 def test_a_refused_request_is_sent_again_at_its_retry_after() -> None:
     # Sustained overload (8/s for 25 s on a slow engine) under the server's default policy,
     # as the bench's retries: each attempt is a record; a retry leaves at its retry-after.

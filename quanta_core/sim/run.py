@@ -322,4 +322,5 @@ def _record(
         server_e2e_s=None if t.finished is None else t.finished - t.arrival,
         server_preemptions=result.preemptions,
         server_cached_tokens=result.cached_tokens,
+        server_ttft_estimate_s=t.ttft_estimate_s,
     )

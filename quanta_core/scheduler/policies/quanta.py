@@ -18,7 +18,9 @@ admission that answers at once) with these rules changed or added:
   longer: queued best effort, such prompts filled the queue and waited minutes.
 - Admission projects an interactive request behind the interactive work only (batch can be
   overtaken or preempted), so it is refused only when interactive work alone keeps it past
-  its target; the estimate is kept on the request (``ttft_estimate``) and reported. A
+  its target; it is projected on no more slots than the KV pool holds requests of its and
+  their sizes at once (``memory_slots``: a KV-bound burst is served in rounds); the
+  estimate is kept on the request (``ttft_estimate``) and reported. A
   refusal books the retry it asks for (``bookings``): later arrivals are projected behind
   it, so that a retry at retry-after finds the room it was told of; the retry-after leaves
   ``retry_margin`` of the estimate for the projection to be wrong.
@@ -254,6 +256,19 @@ class QuantaPolicy(SloPolicy):
     def fits(self, r: Choice, running: Collection[Choice]) -> bool:
         return self.gate.admits(r, [o for o in running if o is not r])
 
+    def memory_slots(self, x: Choice, ahead: Collection[Choice]) -> int | None:
+        """How many requests like ``x`` and those ``ahead`` of it (running and queued) the
+        KV pool holds at once: the pool over their mean projected size (held cells and the
+        predicted remaining, in whole blocks), at least 1; None before ``set_pool``. What the
+        gate will let run at once, for admission's projection: a KV-bound burst is served
+        that many at a time, not as many as the step time allows."""
+        gate = self.gate
+        if gate.capacity_blocks <= 0:
+            return None
+        bs, projected = gate.block_size, self._projected
+        sizes = [-(-(len(r.tokens) + projected(r)) // bs) for r in (*ahead, x)]
+        return max(1, int(gate.capacity_blocks * len(sizes) // sum(sizes)))
+
     # ---- admission ----
 
     def on_submit(
@@ -276,6 +291,9 @@ class QuantaPolicy(SloPolicy):
             self.admission.est.full_budget_prefill = burst
             if burst:
                 caps = StepLimits(self.running_cap(base, burst=True), base.token_budget)
+            held = self.memory_slots(x, [*ahead, *self.queue.classes[_INTERACTIVE]])
+            if held is not None and held < caps.max_running:
+                caps = StepLimits(held, caps.token_budget)
         verdict = self.admission.decide(choices, ahead, caps, base)
         if verdict.reason is not None and cls is _INTERACTIVE:
             self._refused_at = x.arrival

@@ -1,7 +1,8 @@
 """What admission and the promise keeper expect of requests, from the step-cost model.
 
 Output lengths are unknown: a request is expected to produce ``min(max_tokens, E)`` tokens,
-E the running mean of finished answers (``expected_output_tokens`` before the first).
+E the running mean of finished answers (``expected_output_tokens`` before the first), except
+one that ignores end-of-generation: it produces ``max_tokens``.
 
 An interactive prefill runs in ITL-sized chunks beside the interactive streams only: batch
 streams yield the step to it (``SloPolicy.defers``), so its chunk is what a step of those
@@ -45,7 +46,10 @@ class SloEstimates:
         return max(round(self.expected_output), 1)
 
     def outputs_left(self, r: Choice) -> int:
-        return max(min(r.max_tokens, self.expected()) - r.num_output, 1)
+        """Tokens ``r`` is expected to generate still: all of ``max_tokens`` where it ignores
+        end-of-generation (known exactly), else up to the mean answer."""
+        total = r.max_tokens if r.sampling.ignore_eos else min(r.max_tokens, self.expected())
+        return max(total - r.num_output, 1)
 
     def interactive_prefill_s(self, n_tokens: int, n_streams: int, budget: int) -> float:
         """Prefilling ``n_tokens`` beside ``n_streams`` interactive streams."""
@@ -124,7 +128,8 @@ class SloEstimates:
             # ``prefill_left`` and ``outputs_left``, inline: this runs for every queued
             # request at every arrival.
             todo = max(r.num_tokens - r.num_computed_tokens - 1, 0)
-            size = (r.slo_class, todo, max(min(r.max_tokens, expected) - r.num_output, 1))
+            total = r.max_tokens if r.sampling.ignore_eos else min(r.max_tokens, expected)
+            size = (r.slo_class, todo, max(total - r.num_output, 1))
             job = priced.get(size)
             if job is None:
                 job = priced[size] = self.job(r, None, decode_s, streams, budget)
