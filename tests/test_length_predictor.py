@@ -84,6 +84,18 @@ def test_a_request_that_outlived_the_history_falls_back_to_its_bound() -> None:
     assert p.predict(choice(generated=250, max_tokens=500)).p90 == 250  # nothing above
 
 
+def test_looking_ahead_says_what_it_will_say_once_those_tokens_are_out() -> None:
+    p = LengthPredictor(min_samples=4)
+    teach(p, [30, 60, 90, 120, 150, 400, 410, 420], tenant="a")
+    now = choice(tenant="a", generated=20)
+    for ahead in (0, 1, 45, 100, 200, 395, 480):
+        later = choice(tenant="a", generated=20 + ahead)
+        for q in (0.5, 0.9):
+            assert p.remaining(now, q, ahead) == p.remaining(later, q)
+    run_out = choice(tenant="a", max_tokens=64, generated=10, ignore_eos=True)
+    assert p.remaining(run_out, 0.9, 30) == 64 - 40
+
+
 def test_the_system_prompt_key_is_most_specific() -> None:
     p = LengthPredictor(min_samples=4)
     teach(p, [300] * 8, prefix_hash="summarize")

@@ -78,12 +78,14 @@ class LengthPredictor:
             r.length_keys = length_keys(r)
         return r.length_keys
 
-    def remaining(self, r: Choice, q: float) -> int:
-        """The ``q``-quantile of the tokens ``r`` will still generate (at least 1)."""
-        return self._remaining(r, q)[0]
+    def remaining(self, r: Choice, q: float, ahead: int = 0) -> int:
+        """The ``q``-quantile of the tokens ``r`` will still generate (at least 1); with
+        ``ahead``, once it has generated that many more (what the same state will say
+        then: the simulator's steady runs look ahead with it)."""
+        return self._remaining(r, q, ahead)[0]
 
-    def _remaining(self, r: Choice, q: float) -> tuple[int, int]:
-        generated = r.num_output
+    def _remaining(self, r: Choice, q: float, ahead: int = 0) -> tuple[int, int]:
+        generated = r.num_output + ahead
         bound = max(r.max_tokens - generated, 1)
         if r.sampling.ignore_eos:
             return bound, 0

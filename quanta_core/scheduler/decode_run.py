@@ -29,7 +29,9 @@ admit with), a block boundary with neither a free nor a cached block left (a pre
 block boundary that evicts while a waiting request is short of blocks by less than the free
 and cached ones (an eviction could shorten its prefix hit and let it start), a waiting request
 that might start, a policy whose answers move with each step
-(``Policy.steady_decodes``), and any event from outside.
+(``Policy.steady_decodes``), a waiting request the policy would start some steps in
+(``Policy.steady_held``: ``horizon``'s memory gate, as the running set nears its projected
+ends), and any event from outside.
 """
 
 from __future__ import annotations

@@ -525,6 +525,7 @@ class Scheduler:
             if holds is None:
                 return None
             evict = evict and holds
+            steps = policy.steady_held(running, steps)
         if steps < 2:
             return None
         seqs = tuple(r.seq for r in order if r.seq is not None)
@@ -587,14 +588,18 @@ class Scheduler:
         tokens: Sequence[Sequence[int]],
         ends: Sequence[float],
         growth: RunGrowth | None = None,
+        seconds: Sequence[float] = (),
     ) -> None:
         """Take in ``steps`` (at most ``run.steps``) steps of ``run`` at once, as ``schedule``
         and ``update`` one by one would have: ``tokens[i]`` are what ``run.choices[i]``
-        sampled (the decoding ones), one a step, the steps ending at ``ends``. No token may
-        end a generation (the simulated engine never samples one). ``growth``: the run's
-        grows already made, step by step (``run_growth``)."""
+        sampled (the decoding ones), one a step, the steps ending at ``ends``, each taking
+        ``seconds`` of the engine's time (for a policy that learns step costs; empty: not
+        known). No token may end a generation (the simulated engine never samples one).
+        ``growth``: the run's grows already made, step by step (``run_growth``)."""
         if not 0 < steps <= run.steps or len(ends) != steps:
             raise ValueError(f"{steps} steps ({len(ends)} ends) of a run of {run.steps}")
+        if seconds and len(seconds) != steps:
+            raise ValueError(f"{len(seconds)} step times for {steps} steps")
         decoding = run.choices if run.chunk == 1 else run.choices[:-1]
         eog = self.eog
         for r, sampled in zip(decoding, tokens, strict=True):
@@ -613,7 +618,7 @@ class Scheduler:
             raise ValueError(f"{steps} steps of a run that evicts after {run.free_steps}")
         else:
             grow_and_hash(self.kv, run, steps)
-        self.policy.on_steady_steps(decoding, steps, prefill, charges)
+        self.policy.on_steady_steps(decoding, steps, prefill, charges, seconds)
         if self.config.check_integrity:
             self.check_integrity()
 

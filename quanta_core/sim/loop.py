@@ -157,6 +157,7 @@ class SimLoop:
         server_s = self.server.decode_seconds(len(run.owners))
         due = self.queue.next_time()
         ends: list[float] = []
+        times: list[float] = []  # each step's engine seconds (a policy may learn from them)
         busy = self.busy_s
         # Steps past ``free_steps`` evict cached blocks: each step's grows are made once it
         # is taken, and their truncations run before the next step is priced (one by one,
@@ -171,6 +172,7 @@ class SimLoop:
             if end >= due:
                 break  # that step's end is queued behind what is due: it is taken alone
             ends.append(end)
+            times.append(seconds)
             busy += seconds
             now = end
             dropped = 0
@@ -189,7 +191,7 @@ class SimLoop:
         self.bulk_steps += len(ends)
         self.busy_s = busy
         self.clock.advance_to(now)
-        sched.run_decodes(run, len(ends), tokens, ends, growth)
+        sched.run_decodes(run, len(ends), tokens, ends, growth, times)
         return now
 
     def _step_done(self, plan: StepPlan, result: StepResult, now: float) -> _Step | None:

@@ -139,16 +139,25 @@ class Policy(ABC):
         every step, or whose order moves with every token, runs step by step."""
         return False
 
+    def steady_held(self, running: Collection[Choice], steps: int) -> int:
+        """Of the next ``steps`` cycles in which ``running`` only decodes, how many certainly
+        start nothing (the queue's head stays held; ``Scheduler.steady_decodes`` has checked
+        the first). By default all: a policy whose ``steady_decodes`` is true gives the same
+        answers all along."""
+        return steps
+
     def on_steady_steps(
         self,
         decoding: Sequence[Choice],
         steps: int,
         prefill: Choice | None = None,
         charges: Sequence[int] = (),
+        seconds: Sequence[float] = (),
     ) -> None:
         """``steps`` steps in bulk, each sampling one token for every one of ``decoding`` (in
         this order) and computing ``charges[j]`` new prompt tokens of ``prefill`` in step
-        ``j``: ``on_progress`` as those steps one by one would have called it."""
+        ``j``, step ``j`` taking ``seconds[j]`` (the engine's timing, as ``on_step`` would
+        read it): ``on_progress`` as those steps one by one would have called it."""
         if type(self).on_progress is Policy.on_progress:
             return  # nothing to charge
         for j in range(steps):

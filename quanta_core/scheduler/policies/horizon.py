@@ -30,7 +30,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 
 from quanta_core.engine.types import StepPlan, StepResult
 from quanta_core.predictor import LengthPredictor
@@ -38,7 +38,7 @@ from quanta_core.scheduler.choice import Choice
 from quanta_core.scheduler.config import HorizonConfig, PolicyName, SchedulerConfig, StepLimits
 from quanta_core.scheduler.policies.base import Policy, StartDecision
 from quanta_core.scheduler.policies.fair import VtcPolicy
-from quanta_core.scheduler.policies.memory import MemoryGate
+from quanta_core.scheduler.policies.memory import MemoryGate, peak_blocks_of
 from quanta_core.scheduler.policies.vtc import FairQueue
 from quanta_core.scheduler.queue import SortKey
 from quanta_core.scheduler.slo import SloConfig
@@ -105,8 +105,46 @@ class HorizonPolicy(VtcPolicy):
             return None
         return self.cost.room(n_seqs, n_tokens, self.config.step_target_s)
 
+    # ---- steps in bulk (the simulator) ----
+
     def steady_decodes(self, running: Collection[Choice]) -> bool:
-        return False  # it learns step costs from every step, and its keys move with tokens
+        # While every running stream decodes, each gets its token whatever the step-cost
+        # model learns (the budget is never below the running set); a prompt's chunk is
+        # sized by it, so a prefill runs step by step. Waiting requests' keys stay put
+        # (they have generated nothing); VTC's rule: one tenant waiting at most.
+        if any(_prefilling(r) for r in running):
+            return False
+        return super().steady_decodes(running)
+
+    def steady_held(self, running: Collection[Choice], steps: int) -> int:
+        """The gate's answer for the queue's head after each of the next steps: the first
+        cycle at which it would admit it ends the run (the running set nearer its projected
+        ends, the same predictor looked ahead)."""
+        head = self.queue.peek()
+        if head is None:
+            return steps
+        predictor, q = self.predictor, self.config.admission_quantile
+        gate = self.gate
+        candidate = (len(head.tokens), predictor.remaining(head, q))
+        for j in range(1, steps):
+            demands = [(len(o.tokens) + j, predictor.remaining(o, q, j)) for o in running]
+            demands.append(candidate)
+            if peak_blocks_of(demands, gate.block_size) <= gate.capacity_blocks:
+                return j
+        return steps
+
+    def on_steady_steps(
+        self,
+        decoding: Sequence[Choice],
+        steps: int,
+        prefill: Choice | None = None,
+        charges: Sequence[int] = (),
+        seconds: Sequence[float] = (),
+    ) -> None:
+        super().on_steady_steps(decoding, steps, prefill, charges, seconds)
+        n = len(decoding)
+        for s in seconds:  # as ``on_step`` of each (decodes only: no prefill runs in bulk)
+            self.cost.observe(n, n, s)
 
     def on_step(self, plan: StepPlan, result: StepResult) -> None:
         seconds = result.timings.total_s or result.timings.engine_s

@@ -48,11 +48,12 @@ class KvDemand:
 
 def peak_blocks(demands: Sequence[KvDemand], block_size: int) -> int:
     """The most blocks ``demands`` hold at once from now until the last of them ends."""
-    return _peak([(d.held, d.remaining) for d in demands], block_size)
+    return peak_blocks_of([(d.held, d.remaining) for d in demands], block_size)
 
 
-def _peak(demands: list[tuple[int, int]], block_size: int) -> int:
-    """``peak_blocks`` of ``(held, remaining)`` pairs. Sorted by ``remaining``, longest first,
+def peak_blocks_of(demands: list[tuple[int, int]], block_size: int) -> int:
+    """``peak_blocks`` of ``(held, remaining)`` pairs (sorted in place). Sorted by
+    ``remaining``, longest first,
     the sequences still running at ``t`` are a prefix: each time's sum stops at the first
     that has ended. (The gate asks this every step: plain tuples, the ceiling inline.)"""
     demands.sort(key=lambda d: d[1], reverse=True)
@@ -102,7 +103,7 @@ class MemoryGate:
         self.remaining = remaining
         self.capacity_blocks = 0
         self.block_size = 1
-        self.holds = 0  # admissions the rule deferred (for tests and stats)
+        self.holds = 0  # admissions the rule deferred, asked cycle by cycle (for tests)
 
     def set_pool(self, num_blocks: int, block_size: int) -> None:
         self.capacity_blocks, self.block_size = num_blocks, block_size
@@ -118,7 +119,7 @@ class MemoryGate:
         remaining = self.remaining
         demands = [(len(o.tokens), remaining(o)) for o in running]  # ``demand``, as pairs
         demands.append((len(r.tokens), remaining(r)))
-        ok = _peak(demands, self.block_size) <= self.capacity_blocks
+        ok = peak_blocks_of(demands, self.block_size) <= self.capacity_blocks
         if not ok:
             self.holds += 1
         return ok
