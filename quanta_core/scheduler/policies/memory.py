@@ -52,10 +52,10 @@ def peak_blocks(demands: Sequence[KvDemand], block_size: int) -> int:
 
 
 def peak_blocks_of(demands: list[tuple[int, int]], block_size: int) -> int:
-    """``peak_blocks`` of ``(held, remaining)`` pairs (sorted in place). Sorted by
-    ``remaining``, longest first,
-    the sequences still running at ``t`` are a prefix: each time's sum stops at the first
-    that has ended. (The gate asks this every step: plain tuples, the ceiling inline.)"""
+    """``peak_blocks`` of ``(held, remaining)`` pairs, sorted in place. Sorted by
+    ``remaining``, longest first, the sequences still running at ``t`` are a prefix: each
+    time's sum stops at the first that has ended. (The gate asks this every step: plain
+    tuples, the ceiling inline.)"""
     demands.sort(key=lambda d: d[1], reverse=True)
     bs = block_size
     peak = 0
