@@ -123,6 +123,40 @@ def test_batched_steps_match_each_sequence_alone(engine: LlamaCppExecutor, tok: 
     assert [generated[i] for i in range(4)] == alone
 
 
+def test_one_kv_stream_per_sequence_decodes_what_one_buffer_does(
+    engine: LlamaCppExecutor, tok: Tokenizer, model_path: Path
+) -> None:
+    """``kv_unified=False`` (QUANTA_KV_UNIFIED=false): each sequence in its own stream of
+    n_ctx / n_seq_max cells; four prompts in one step, then decoded together, give what each
+    gives alone in the shared buffer."""
+    prompts = [tok.encode(p) for p in PROMPTS]
+    n_new = 8
+    alone = [greedy_alone(engine, 0, p, n_new) for p in prompts]
+    config = EngineConfig(
+        model_path=str(model_path), n_ctx=4 * 256, n_seq_max=4, kv_unified=False, threads=2
+    )
+    split = LlamaCppExecutor.start(config)
+    try:
+        assert split.info.kv_unified is False
+        owners = [f"s{i}" for i in range(4)]
+        plan = StepPlan(
+            slices=tuple(SeqSlice(i, tuple(p), 0, True, owners[i]) for i, p in enumerate(prompts))
+        )
+        generated = [[out.token] for out in split.step(plan).outputs]
+        for k in range(1, n_new):
+            plan = StepPlan(
+                slices=tuple(
+                    SeqSlice(i, (generated[i][-1],), len(prompts[i]) + k - 1, True, owners[i])
+                    for i in range(4)
+                )
+            )
+            for i, out in enumerate(split.step(plan).outputs):
+                generated[i].append(out.token)
+    finally:
+        split.close()
+    assert generated == alone
+
+
 def test_shared_prefix_by_seq_cp_matches_computing_it(
     engine: LlamaCppExecutor, tok: Tokenizer
 ) -> None:

@@ -1,4 +1,5 @@
-"""GPU offload settings reach the engine's config (no GPU needed: only the plumbing)."""
+"""GPU offload and KV layout settings reach the engine's config (no GPU needed: only the
+plumbing)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,12 @@ def test_defaults_keep_the_cpu_engine(model: str) -> None:
     assert config.n_gpu_layers == 0 == defaults.n_gpu_layers
     assert config.flash_attn == "auto" == defaults.flash_attn
     assert config.n_ubatch == defaults.n_ubatch
+
+
+def test_one_kv_stream_per_slot_is_a_setting(model: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert Settings(model_path=model).engine_config().kv_unified is True
+    monkeypatch.setenv("QUANTA_KV_UNIFIED", "false")
+    assert Settings(model_path=model).engine_config().kv_unified is False
 
 
 def test_environment_sets_gpu_offload(model: str, monkeypatch: pytest.MonkeyPatch) -> None:

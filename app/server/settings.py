@@ -84,6 +84,15 @@ class Settings(BaseSettings):
     n_seq_max: int = Field(
         default=64, ge=1, le=256, description="engine sequence slots (up to 256 on a GPU)"
     )
+    # One KV buffer for all sequences is what lets the prefix cache share a prompt between
+    # requests, and a single request grow to n_ctx; a stream per slot makes each decode
+    # attend only its own cells (about 15 % faster for 20 short streams on a CPU) but caps
+    # every request at n_ctx / n_seq_max tokens and shares nothing.
+    kv_unified: bool = Field(
+        default=True,
+        description="one KV buffer for all sequences; false: one stream of n_ctx / n_seq_max "
+        "cells per sequence slot (no prefix sharing)",
+    )
     n_batch: int = Field(default=512, ge=1, description="most tokens in one engine pass")
     n_ubatch: int = Field(
         default=512,
@@ -343,6 +352,7 @@ class Settings(BaseSettings):
             model_path=str(self.resolved_model_path()),
             n_ctx=self.n_ctx,
             n_seq_max=self.n_seq_max,
+            kv_unified=self.kv_unified,
             n_batch=self.n_batch,
             n_ubatch=min(self.n_ubatch, self.n_batch),
             threads=self.threads,
