@@ -86,8 +86,9 @@ class Settings(BaseSettings):
     )
     # One KV buffer for all sequences is what lets the prefix cache share a prompt between
     # requests, and a single request grow to n_ctx; a stream per slot makes each decode
-    # attend only its own cells (about 15 % faster for 20 short streams on a CPU) but caps
-    # every request at n_ctx / n_seq_max tokens and shares nothing.
+    # attend only its own cells (faster for many short streams on a CPU: the twenty scenario,
+    # bench/results/scenarios/) but caps every request at n_ctx / n_seq_max tokens and
+    # shares nothing.
     kv_unified: bool = Field(
         default=True,
         description="one KV buffer for all sequences; false: one stream of n_ctx / n_seq_max "
