@@ -99,8 +99,9 @@ def serve_and_run(
     key id."""
     db = fresh_db(tmp_path)
     keys = [db.create_key(f"client-{i}") for i in range(clients)]
-    # A token every 50 ms: a client that leaves does so long before the next one is written.
-    driver = FakeDriver(script=["x" * 64], delay_s=0.05)
+    # A token every 200 ms: a client that leaves does so long before the next one is written,
+    # even when a pause of the test process (GC, a busy core) holds its close back a while.
+    driver = FakeDriver(script=["x" * 64], delay_s=0.2)
     settings = db.settings()
     app = create_app(settings, core_factory=lambda _: fake_core(driver))
     received: dict[str, int] = {}
