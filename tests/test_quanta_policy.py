@@ -201,6 +201,56 @@ def test_batch_tenants_that_all_run_still_share_by_weight(
         assert ratio < 1.2
 
 
+@pytest.mark.parametrize("fair_lag", [32.0, math.inf])
+def test_interactive_tenants_that_all_run_share_by_weight_within_the_itl_target(
+    fair_lag: float,
+) -> None:
+    # Steps priced at ~25 ms (the harness's clock moves 10 ms a cycle): a stream may sit out
+    # a step or more and still get its next token within the inter-token target.
+    cfg = SloConfig(step_base_s=0.001, step_seq_s=0.002, fair_lag=fair_lag)
+    h = Harness.make(FakeExecutor(n_seq_max=64), policy="quanta", max_running=12, slo=cfg)
+    for k in range(6):
+        for tenant, weight in (("one", 1.0), ("two", 2.0)):
+            h.submit(
+                f"{tenant}{k}",
+                prompt(8, base=100 + 20 * k + (0 if tenant == "one" else 10)),
+                max_tokens=200,
+                slo_class=INTER,
+                tenant=tenant,
+                weight=weight,
+                sampling=RUN_OUT,
+            )
+    tokens = served_tokens(h, 150)
+    ratio = tokens["two"] / tokens["one"]
+    if math.isinf(fair_lag):  # no tenant is ever far enough ahead: a token each, every step
+        assert ratio < 1.1
+        return
+    assert 1.8 <= ratio <= 2.2
+    target = cfg.interactive_itl_s * cfg.grow_headroom
+    running = h.sched._running  # noqa: SLF001 (the streams' own token times)
+    gaps = [b - a for r in running for a, b in zip(r.token_times, r.token_times[1:])]
+    assert gaps and max(gaps) <= target + 1e-9
+
+
+def test_an_interactive_stream_sits_out_only_within_the_itl_target() -> None:
+    # Steps priced near the target: sitting out would break it, so nobody does.
+    cfg = SloConfig(step_base_s=0.06, step_seq_s=0.005)
+    h = Harness.make(FakeExecutor(n_seq_max=64), policy="quanta", max_running=12, slo=cfg)
+    for k in range(6):
+        for tenant, weight in (("one", 1.0), ("two", 2.0)):
+            h.submit(
+                f"{tenant}{k}",
+                prompt(8, base=100 + 20 * k + (0 if tenant == "one" else 10)),
+                max_tokens=200,
+                slo_class=INTER,
+                tenant=tenant,
+                weight=weight,
+                sampling=RUN_OUT,
+            )
+    tokens = served_tokens(h, 200)
+    assert tokens["two"] == tokens["one"]
+
+
 def test_the_first_token_estimate_is_kept_and_checked() -> None:
     h = Harness.make(FakeExecutor(n_seq_max=64), policy="quanta")
     for k in range(10):

@@ -44,12 +44,12 @@ admission that answers at once) with these rules changed or added:
   length predictor), fit the KV pool at every future completion: ``horizon``'s MC-SF gate
   (``memory.MemoryGate``). A burst queues instead of thrashing; an interactive request that
   does not fit takes the memory of running batch (``make_room``).
-- Weighted fairness per step (batch): a batch tenant whose counter leads the lowest counter
-  among the batch tenants running by more than ``fair_lag`` (weighted tokens) gets no token
-  in that step, so that tenants sharing the running set still share service by weight (VTC
-  at admission alone cannot: once everyone runs, everyone gets a token per step, whatever
-  the weights). Interactive streams are never held back: their inter-token target comes
-  first, and VTC orders their queue.
+- Weighted fairness per step (``shares``): a tenant whose counter leads the lowest counter
+  among its class's tenants running by more than ``fair_lag`` (weighted tokens) gets no
+  token in that step, so that tenants sharing the running set still share service by weight
+  (VTC at admission alone cannot: once everyone runs, everyone gets a token per step,
+  whatever the weights). Batch always; an interactive stream only where its next token,
+  one step later, still comes within the inter-token target (that target comes first).
 """
 
 from __future__ import annotations
@@ -68,6 +68,7 @@ from quanta_core.scheduler.policies.base import Policy, StartDecision
 from quanta_core.scheduler.policies.bookings import Bookings
 from quanta_core.scheduler.policies.fair import SloPolicy
 from quanta_core.scheduler.policies.memory import MemoryGate
+from quanta_core.scheduler.policies.shares import held_back
 from quanta_core.scheduler.policies.slo_admission import SloAdmission
 from quanta_core.scheduler.slo import SloConfig
 
@@ -189,17 +190,17 @@ class QuantaPolicy(SloPolicy):
         return [r for r in ordered if r not in held] if held else ordered
 
     def _held_back(self, running: Sequence[Choice]) -> set[Choice]:
-        """Running batch requests of tenants too far ahead of the lowest counter among the
-        batch tenants running now."""
-        mine = [r for r in running if r.slo_class is _BATCH]
-        tenants = {r.tenant for r in mine}
-        if len(tenants) < 2:
-            return set()
-        counters = self.counters[_BATCH]
-        ranks = {t: counters.counter.get(t, 0.0) for t in tenants}
-        low = min(ranks.values())
-        ahead = {t for t, c in ranks.items() if c - low > self.config.fair_lag}
-        return {r for r in mine if r.tenant in ahead}
+        """Running requests of tenants too far ahead of the lowest counter among their
+        class's tenants running now (``shares``): batch always, interactive streams only
+        where they still meet the inter-token target."""
+        held: set[Choice] = set()
+        step_s = self.cost.decode_step_s(max(len(running), 1))
+        for cls, itl in ((_BATCH, None), (_INTERACTIVE, self._itl_target)):
+            mine = [r for r in running if r.slo_class is cls]
+            counter = self.counters[cls].counter
+            ranks = {r.tenant: counter.get(r.tenant, 0.0) for r in mine}
+            held |= held_back(mine, ranks, self.config.fair_lag, self._now, step_s, itl)
+        return held
 
     # ---- who starts, who makes room ----
 
