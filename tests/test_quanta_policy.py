@@ -4,6 +4,7 @@ are computed from that prior, not written down)."""
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -227,8 +228,7 @@ def test_interactive_tenants_that_all_run_share_by_weight_within_the_itl_target(
         return
     assert 1.8 <= ratio <= 2.2
     target = cfg.interactive_itl_s * cfg.grow_headroom
-    running = h.sched._running  # noqa: SLF001 (the streams' own token times)
-    gaps = [b - a for r in running for a, b in zip(r.token_times, r.token_times[1:])]
+    gaps = [b - a for r in h.sched.running() for a, b in itertools.pairwise(r.token_times)]
     assert gaps and max(gaps) <= target + 1e-9
 
 
