@@ -228,7 +228,7 @@ def test_interactive_tenants_that_all_run_share_by_weight_within_the_itl_target(
         return
     assert 1.8 <= ratio <= 2.2
     target = cfg.interactive_itl_s * cfg.grow_headroom
-    gaps = [b - a for r in h.sched.running() for a, b in itertools.pairwise(r.token_times)]
+    gaps = [b - a for r in h.sched.running for a, b in itertools.pairwise(r.token_times)]
     assert gaps and max(gaps) <= target + 1e-9
 
 
