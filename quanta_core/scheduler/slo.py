@@ -114,6 +114,12 @@ class SloConfig:
     # longer about as often as shorter, and is refused again.
     retry_margin: float = 0.2
     fair_lag: float = 32.0
+    # ... and refuses on the first-token target only while the interactive work offered over
+    # the last ``load_window_s`` (each arrival priced alone) exceeds that time, reckoned
+    # over at least ``load_min_s`` (``policies.load``): below capacity, a clump of long
+    # prompts is queued, not refused.
+    load_window_s: float = 60.0
+    load_min_s: float = 5.0
 
     def __post_init__(self) -> None:
         positive = (
@@ -133,6 +139,8 @@ class SloConfig:
             raise ValueError(f"step_quantile in (0, 1], step_window >= 1, prior weight > 0: {self}")
         if min(self.burst_window_s, self.burst_grace, self.burst_quiet_s) < 0:
             raise ValueError(f"burst_window_s, burst_grace, burst_quiet_s must be >= 0: {self}")
+        if not 0 < self.load_min_s <= self.load_window_s:
+            raise ValueError(f"need 0 < load_min_s <= load_window_s: {self}")
         if self.retry_margin < 0:
             raise ValueError(f"retry_margin must be >= 0: {self}")
         if self.burst_itl_s <= 0:

@@ -19,9 +19,11 @@ The projection plays the queue forward on the running slots, as the scheduler wi
                                                                      first + hold_s
 
 Jobs are projected in due order (earliest first): with one prefill lane that order minimises
-the worst lateness (Jackson's rule), and since every interactive request has the same target,
-it is also arrival order, so a new arrival, the last due, can never make a promised request
-late in it; it is admitted if it is itself on time there. At run time the scheduler serves
+the worst lateness (Jackson's rule). Where every interactive request has the same target it
+is also arrival order, so a new arrival, the last due, can never make a promised request
+late in it; it is admitted if it is itself on time there. Where targets grow with the
+prompt (``edf_first``), a short arrival may go ahead of a long prefill, running or queued,
+if that makes none of them late. At run time the scheduler serves
 VTC's choice unless that would make a promised request late in the projection (its slack is
 gone); then the earliest due goes first (``next_up``). Either way the promises projected on
 time stay on time, up to the cost model's error.
@@ -45,6 +47,7 @@ class Job:
     hold_s: float  # how long it keeps its slot after its first token
     due: float = math.inf  # its first token's due time; inf: no promise
     ready: float = -math.inf  # it cannot start before this (a booked retry: its time)
+    holds_slot: bool = False  # running already (a prefill in progress): it takes no slot
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,12 +65,36 @@ def project(now: float, slots: Slots, jobs: Sequence[Job]) -> list[float]:
     lane = max(slots.lane_free, now)
     out: list[float] = []
     for job in jobs:
+        if job.holds_slot:  # its slot's end is among ``free_at`` already
+            first = lane = lane + job.prefill_s
+            out.append(first)
+            continue
         start = max(heapq.heappop(free), job.ready)
         first = max(start, lane) + job.prefill_s
         lane = first
         heapq.heappush(free, first + job.hold_s)
         out.append(first)
     return out
+
+
+def edf_first(now: float, slots: Slots, jobs: Sequence[Job], mine: Job) -> float | None:
+    """``mine``'s first-token time with ``jobs`` and it in due order (earliest deadline
+    first: the prefill lane goes to the earliest due, a running prefill included), or None
+    if it is late there or makes late a job that is on time without it.
+
+    Why due order: prompts of every length share one prefill lane, and a first-token target
+    grows with the prompt's own prefill. Served in arrival order, a short prompt behind a
+    long prefill waits out all of it and misses a target the long one did not need; in due
+    order it goes first and the long one, whose due is far, still makes its own."""
+    ordered = sorted(jobs, key=lambda j: j.due)
+    merged = sorted([*ordered, mine], key=lambda j: j.due)  # stable: ties keep ``mine`` last
+    k = next(i for i, j in enumerate(merged) if j is mine)
+    firsts = project(now, slots, merged)
+    if firsts[k] > mine.due + _EPS:
+        return None
+    before = late(ordered, project(now, slots, ordered))
+    after = {i if i < k else i - 1 for i in late(merged, firsts)}
+    return firsts[k] if after <= before else None
 
 
 def late(jobs: Sequence[Job], firsts: Sequence[float]) -> set[int]:

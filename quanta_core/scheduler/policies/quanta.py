@@ -67,6 +67,7 @@ from quanta_core.scheduler.config import PolicyName, SchedulerConfig, StepLimits
 from quanta_core.scheduler.policies.base import Policy, StartDecision
 from quanta_core.scheduler.policies.bookings import Bookings
 from quanta_core.scheduler.policies.fair import SloPolicy
+from quanta_core.scheduler.policies.load import OfferedLoad
 from quanta_core.scheduler.policies.memory import MemoryGate
 from quanta_core.scheduler.policies.shares import held_back
 from quanta_core.scheduler.policies.slo_admission import SloAdmission
@@ -92,7 +93,7 @@ class QuantaPolicy(SloPolicy):
         self._itl_target = cfg.interactive_itl_s * cfg.grow_headroom
         # Projections over many steps are priced at the model's mean (``MeanCosts``).
         self._mean = self.cost.at_mean()
-        self.admission = SloAdmission(cfg, self._mean, self.queue, self.counters)
+        self.admission = SloAdmission(cfg, self._mean, self.queue, self.counters, prefill_edf=True)
         self.admission.promoted_ahead = False
         self.admission.bookings = Bookings()
         self.admission.long_prompt_slack = 2.0
@@ -107,6 +108,9 @@ class QuantaPolicy(SloPolicy):
         self._refused_at = -math.inf  # when an interactive request was last refused
         self._itl_cap = 1  # the running set the inter-token target allows, last computed
         self._burst: set[Choice] = set()  # admitted in a calm burst, before the first token
+        self._queued_due = math.inf  # the earliest first-token due among queued interactive
+        self.load = OfferedLoad(cfg.load_window_s, cfg.load_min_s)
+        self._limits_base = StepLimits(1, 1)
         # (estimated, actual) seconds to the first token of the last finished requests
         self.estimates: deque[tuple[float, float]] = deque(maxlen=1000)
 
@@ -144,6 +148,10 @@ class QuantaPolicy(SloPolicy):
             if step_s < math.inf:
                 budget = self.cost.max_tokens(n_seqs, step_s, base.token_budget)
         self._limits = StepLimits(cap, budget)
+        dues = self.admission.dues
+        self._queued_due = min(
+            (dues.get(r, math.inf) for r in self.queue.classes[_INTERACTIVE]), default=math.inf
+        )
         return self._limits
 
     def _pace_s(self, inter: Sequence[Choice], cap: int) -> float:
@@ -185,9 +193,28 @@ class QuantaPolicy(SloPolicy):
         return self.cost.room(n_seqs, n_tokens, self._itl_target)
 
     def order_running(self, running: list[Choice]) -> list[Choice]:
-        ordered = super().order_running(running)
+        ordered = sorted(running, key=self._run_order)
         held = self._held_back(ordered)
         return [r for r in ordered if r not in held] if held else ordered
+
+    def _run_order(self, r: Choice) -> tuple[bool, bool, float]:
+        """Decoding streams first (no prefill chunk takes their token), then interactive
+        prefills earliest due first, then batch: the step's prefill budget goes to the
+        prompt whose first token is due soonest, as admission projected it
+        (``promises.edf_first``): a short prompt is not queued behind a long one."""
+        prefilling = _prefilling(r)
+        batch = r.slo_class is _BATCH
+        due = self.admission.dues.get(r, -math.inf) if prefilling and not batch else 0.0
+        return (prefilling, batch, due)
+
+    def defers(self, r: Choice) -> bool:
+        """Batch yields to interactive prefills (``SloPolicy``); a running interactive
+        prefill yields to a queued interactive request due before it, which starts first."""
+        if super().defers(r):
+            return True
+        if r.slo_class is not _INTERACTIVE or not _prefilling(r):
+            return False
+        return self._queued_due < self.admission.dues.get(r, -math.inf)
 
     def _held_back(self, running: Sequence[Choice]) -> set[Choice]:
         """Running requests of tenants too far ahead of the lowest counter among their
@@ -278,6 +305,7 @@ class QuantaPolicy(SloPolicy):
         x = choices[0]
         cls = x.slo_class
         cap = self._itl_cap = self.running_cap(base)
+        self._limits_base = base
         caps = StepLimits(cap, base.token_budget)
         burst = False
         if cls is _BATCH:
@@ -287,8 +315,9 @@ class QuantaPolicy(SloPolicy):
             ahead = [r for r in running if r.slo_class is _INTERACTIVE]  # batch yields
             self._note_calm(x.arrival, ahead)
             burst = x.arrival - self._calm_at < self.config.burst_window_s
+            below = self._below_capacity(choices)
             grace = self.config.burst_grace * self.config.interactive_ttft_s
-            self.admission.ttft_grace_s = grace if burst else 0.0
+            self.admission.ttft_grace_s = grace if burst or below else 0.0
             self.admission.est.full_budget_prefill = burst
             if burst:
                 caps = StepLimits(self.running_cap(base, burst=True), base.token_budget)
@@ -305,6 +334,17 @@ class QuantaPolicy(SloPolicy):
                 if cls is _INTERACTIVE and burst:
                     self._burst.add(r)
         return verdict
+
+    def _below_capacity(self, choices: Sequence[Choice]) -> bool:
+        """Add ``choices`` to the offered interactive load; is it below what the engine
+        serves (``load``)? Each is priced alone: its prefill, and its expected tokens at
+        what a stream adds to a decode step (the step's own cost is shared)."""
+        x = choices[0]
+        per_token = self._mean.model.theta[1]
+        work = self.admission.est.alone_prefill_s(x, self._limits_base.token_budget)
+        work += self.admission.est.outputs_left(x) * per_token
+        self.load.add(x.arrival, work * len(choices))
+        return self.load.load(x.arrival) < 1.0
 
     def begin_cycle(self, running: Collection[Choice], now: float) -> None:
         super().begin_cycle(running, now)
@@ -325,6 +365,7 @@ class QuantaPolicy(SloPolicy):
 
     def on_finished(self, r: Choice) -> None:
         super().on_finished(r)
+        self.admission.finished(r)
         if r.first_token is not None and r.ttft_estimate is not None and r.index == 0:
             actual = r.first_token - r.arrival
             self.estimates.append((r.ttft_estimate, actual))

@@ -52,7 +52,14 @@ from quanta_core.scheduler.config import StepLimits
 from quanta_core.scheduler.policies.bookings import Bookings
 from quanta_core.scheduler.policies.class_queue import ClassQueue
 from quanta_core.scheduler.policies.drain import BacklogDrain
-from quanta_core.scheduler.policies.promises import Job, Slots, late, next_up, project
+from quanta_core.scheduler.policies.promises import (
+    Job,
+    Slots,
+    edf_first,
+    late,
+    next_up,
+    project,
+)
 from quanta_core.scheduler.policies.slo_estimates import SloEstimates, prefill_left
 from quanta_core.scheduler.policies.vtc import VirtualCounters
 from quanta_core.scheduler.queue import arrival_order
@@ -73,8 +80,17 @@ class SloAdmission:
         cost: StepCosts,
         queue: ClassQueue,
         counters: Mapping[SloClass, VirtualCounters],
+        prefill_edf: bool = False,
     ) -> None:
         self.config = config
+        # Interactive prefills are served earliest due first, a running one included
+        # (``promises.edf_first``): a new request is projected among them in due order. Else
+        # the running ones hold the lane and the new one goes after every promise.
+        self.prefill_edf = prefill_edf
+        # Every admitted interactive request's first token's due time, until it ends (the
+        # policy orders prefills by it).
+        self.dues: dict[Choice, float] = {}
+        self._due: float | None = None  # the request being decided's, once on time
         self.cost = cost
         self.queue = queue
         self.counters = counters
@@ -111,6 +127,7 @@ class SloAdmission:
     ) -> AdmissionVerdict:
         """``caps``: the steps it will run in; ``base``: the configured limits."""
         self.last_estimate = None
+        self._due = None
         x = choices[0]
         cls = x.slo_class
         n = len(choices)
@@ -134,7 +151,11 @@ class SloAdmission:
             missed = self._batch_target(x, running, caps)
         if isinstance(missed, AdmissionVerdict):
             return missed
-        return self._accept(choices, running, caps, promise=missed)
+        verdict = self._accept(choices, running, caps, promise=missed)
+        if cls is SloClass.INTERACTIVE and verdict.reason is None and self._due is not None:
+            for r in choices:
+                self.dues[r] = self._due
+        return verdict
 
     def _interactive_target(
         self, x: Choice, running: Collection[Choice], caps: StepLimits, base: StepLimits
@@ -147,7 +168,7 @@ class SloAdmission:
         over = self.over_share(x, running)
         queued = self._projected_queue()
         slots, decode_s, streams = self.est.view(
-            now, running, queued, caps.max_running, base.token_budget
+            now, running, queued, caps.max_running, base.token_budget, lane=not self.prefill_edf
         )
 
         def job(r: Choice, due: float | None) -> Job:
@@ -159,7 +180,8 @@ class SloAdmission:
         # x's own are checked.
         unpromised = self._unpromised()
         promised = [r for r in queued if r not in unpromised]
-        ordered = self.est.jobs(promised, {}, decode_s, streams, base.token_budget)
+        dues = self.dues if self.prefill_edf else {}  # due order: by their targets
+        ordered = self.est.jobs(promised, dues, decode_s, streams, base.token_budget)
         own = self.bookings.claim(x) if self.bookings is not None else None
         booked: list[Job] = []
         if self.bookings is not None:
@@ -174,18 +196,27 @@ class SloAdmission:
                     sized[size] = self.est.job_of(*size, decode_s, streams, base.token_budget)
                 booked.append(replace(sized[size], due=b.at + target))
         if over:
-            ordered += [job(x, None)] * len(self._tenants_below(x, running))
+            # the others' room goes ahead of it (in due order: due with it, before it)
+            room = job(x, now + target if self.prefill_edf else None)
+            ordered += [room] * len(self._tenants_below(x, running))
         mine = job(x, now + target + self.ttft_grace_s)
-        # Behind every booked retry as if each were back now; else in due order with them,
-        # at their times, if that makes none of them late (room they will not need yet).
-        est = project(now, slots, [*ordered, *booked, mine])[-1] - now
-        if est + now <= mine.due:
-            first: float | None = est
+        if self.prefill_edf:
+            first, est = self._edf_first(
+                x, running, slots, ordered, booked, mine, target, streams, base.token_budget
+            )
         else:
-            at_times = [replace(b, ready=b.due - target) for b in booked]  # due: time + target
-            first = _before_retries(now, slots, ordered, at_times, mine)
+            # Behind every booked retry as if each were back now; else in due order with
+            # them, at their times, if that makes none of them late (room they will not
+            # need yet).
+            est = project(now, slots, [*ordered, *booked, mine])[-1] - now
+            if est + now <= mine.due:
+                first: float | None = est
+            else:
+                at_times = [replace(b, ready=b.due - target) for b in booked]  # due: time + target
+                first = _before_retries(now, slots, ordered, at_times, mine)
         if first is not None:
             self.last_estimate = first
+            self._due = now + target
             return mine.due
         kind = RejectionKind.TENANT_OVER_SHARE if over else RejectionKind.OVERLOADED
         why = " (its tenant is over its fair share)" if over else ""
@@ -198,6 +229,39 @@ class SloAdmission:
             kind,
             retry,
         )
+
+    def _edf_first(
+        self,
+        x: Choice,
+        running: Collection[Choice],
+        slots: Slots,
+        ordered: list[Job],
+        booked: list[Job],
+        mine: Job,
+        target: float,
+        streams: int,
+        budget: int,
+    ) -> tuple[float | None, float]:
+        """``x``'s seconds to its first token where prefills go earliest due first, running
+        ones too (None: late, or it would make another late), and the projection's own
+        figure for a retry-after. Booked retries are projected as if back now, else at
+        their times; a grace (``mine.due`` past the target: a calm burst, or a machine
+        below capacity) lets it in where the due order puts it, late or making late."""
+        now = x.arrival
+        ahead = self.est.running_prefills(running, self.dues, streams, budget)
+        ahead += ordered
+        own = replace(mine, due=now + target)
+        # the retry-after's projection: behind every booked retry (refused before it)
+        merged = sorted([*ahead, own], key=lambda j: j.due)
+        k = next(i for i, j in enumerate(merged) if j is own)
+        est = project(now, slots, [*merged[:k], *booked, own, *merged[k + 1 :]])[k + len(booked)]
+        at = edf_first(now, slots, [*ahead, *booked], own)
+        if at is None and booked:
+            at_times = [replace(b, ready=b.due - target) for b in booked]
+            at = edf_first(now, slots, [*ahead, *at_times], own)
+        if at is None and est <= mine.due:  # a grace: queued where the due order puts it
+            at = est
+        return (None if at is None else at - now), est - now
 
     def _batch_target(
         self, x: Choice, running: Collection[Choice], caps: StepLimits
@@ -253,21 +317,23 @@ class SloAdmission:
         start = not ahead and len(running) + n <= caps.max_running
         if promise is not None:
             self.promises[x] = promise
+            self.dues[x] = promise
         decision = AdmissionDecision.START if start else AdmissionDecision.QUEUE
         shed_retry = self.drain_s(len(shed), caps) if shed else None
         return AdmissionVerdict(decision, shed=shed, shed_retry_after_s=shed_retry)
 
     def ttft_target(self, x: Choice, base: StepLimits) -> float | None:
-        """Seconds to ``x``'s first token it is promised: the interactive target, or, for a
-        prompt too long for it even alone, ``long_prompt_slack`` times its own prefill
-        (None: no promise, best effort)."""
+        """Seconds to ``x``'s first token it is promised: the interactive target, or, with
+        ``long_prompt_slack``, that many times its own prefill where that is longer (the
+        target grows with the prompt, without a step where the prompt outgrows it: a prompt
+        whose prefill alone nearly fills the target would else be refused behind any
+        queue); without it, a prompt too long for the target even alone gets none (None:
+        best effort)."""
         target = self.config.interactive_ttft_s
         alone = self.est.alone_prefill_s(x, base.token_budget)
-        if alone <= target:
-            return target
-        if self.long_prompt_slack is None:
-            return None
-        return max(target, self.long_prompt_slack * alone)
+        if self.long_prompt_slack is not None:
+            return max(target, self.long_prompt_slack * alone)
+        return target if alone <= target else None
 
     def target(self, cls: SloClass) -> float:
         if cls is SloClass.INTERACTIVE:
@@ -296,6 +362,11 @@ class SloAdmission:
     def forget(self, r: Choice) -> None:
         """``r`` started (or ended): its promise is kept or moot."""
         self.promises.pop(r, None)
+
+    def finished(self, r: Choice) -> None:
+        """``r`` ended: its due time orders nothing any more."""
+        self.promises.pop(r, None)
+        self.dues.pop(r, None)
 
     # ---- fair shares ----
 

@@ -13,6 +13,7 @@ Everything else (batch, and the slots' release times) is priced beside the busy 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Iterable, Mapping, Sequence
 
 from quanta_core.requests import SloClass
@@ -76,15 +77,18 @@ class SloEstimates:
         queued: Sequence[Choice],
         cap: int,
         budget: int,
+        lane: bool = True,
     ) -> tuple[Slots, float, int]:
         """The running slots as ``queued`` will find them, the decode step's seconds, and
-        the interactive streams an interactive prefill runs beside."""
+        the interactive streams an interactive prefill runs beside. ``lane``: the running
+        interactive prefills hold the prefill lane (in arrival order); else they are jobs
+        of their own (``running_prefills``), and the lane is free now."""
         cap = max(cap, 1)
         busy = max(min(cap, len(running) + len(queued) + 1), 1)
         decode_s = self.cost.decode_step_s(busy)
         streams = sum(1 for r in running if r.slo_class is SloClass.INTERACTIVE)
         streams = min(streams + len(queued), cap - 1)
-        lane = now
+        lane, lane_held = now, lane
         ends: list[float] = []
         priced: dict[int, float] = {}  # interactive prefill by tokens: a burst has few sizes
         for r in running:
@@ -95,7 +99,7 @@ class SloEstimates:
                     prefill = priced[todo] = (
                         self.interactive_prefill_s(todo, streams, budget) if todo else 0.0
                     )
-                lane += prefill
+                lane += prefill if lane_held else 0.0
             else:
                 prefill = self.cost.prefill_s(todo, busy - 1, budget) if todo else 0.0
             ends.append(now + prefill + self.outputs_left(r) * decode_s)
@@ -103,6 +107,23 @@ class SloEstimates:
         n = len(ends)
         free = ends[n - cap :] if n >= cap else [now] * (cap - n) + ends
         return Slots(tuple(free), lane), decode_s, streams
+
+    def running_prefills(
+        self,
+        running: Collection[Choice],
+        dues: Mapping[Choice, float],
+        streams: int,
+        budget: int,
+    ) -> list[Job]:
+        """The running interactive requests still prefilling, as jobs that hold their slot,
+        due at their promise (``dues``; none: now, they go first)."""
+        out: list[Job] = []
+        for r in running:
+            todo = prefill_left(r)
+            if r.slo_class is SloClass.INTERACTIVE and todo:
+                prefill = self.interactive_prefill_s(todo, streams, budget)
+                out.append(Job(prefill, 0.0, dues.get(r, -math.inf), holds_slot=True))
+        return out
 
     def job_of(
         self, prompt_len: int, max_tokens: int, decode_s: float, streams: int, budget: int
