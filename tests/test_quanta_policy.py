@@ -21,6 +21,10 @@ from tests.scheduler_harness import Harness, expected_tokens, prompt
 RUN_OUT = SamplingParams(ignore_eos=True)
 
 INTER, BATCH = SloClass.INTERACTIVE, SloClass.BATCH
+# Sustained overload in one burst: the offered load read over an instant, so that every
+# arrival finds the machine over capacity (else the load rule queues what a few seconds of
+# the engine serve).
+INSTANT = 1e-6
 
 
 def cost_cap(config: SloConfig, limit: int) -> int:
@@ -48,7 +52,13 @@ def test_the_running_set_is_what_the_step_cost_keeps_within_the_itl_target(
     step_seq_s: float,
 ) -> None:
     # sustained (no calm-burst window): the set is sized to the inter-token target alone
-    config = SloConfig(step_seq_s=step_seq_s, interactive_ttft_s=60.0, burst_window_s=0.0)
+    config = SloConfig(
+        step_seq_s=step_seq_s,
+        interactive_ttft_s=60.0,
+        burst_window_s=0.0,
+        load_window_s=INSTANT,
+        load_min_s=INSTANT,
+    )
     h = Harness.make(FakeExecutor(n_seq_max=64), policy="quanta", max_running=256, slo=config)
     for k in range(40):
         h.submit(f"r{k}", prompt(8, base=100 + 10 * k), max_tokens=20, slo_class=INTER)
@@ -112,7 +122,9 @@ def test_interactive_is_admitted_past_batch_it_can_overtake() -> None:
     projects interactive work only (batch yields, or is preempted)."""
 
     def refused(with_batch: bool) -> list[str]:
-        cfg = SloConfig(interactive_ttft_s=0.5, burst_window_s=0.0)  # sustained load
+        cfg = SloConfig(
+            interactive_ttft_s=0.5, burst_window_s=0.0, load_window_s=INSTANT, load_min_s=INSTANT
+        )  # sustained load
         h = Harness.make(FakeExecutor(n_seq_max=64), policy="quanta", slo=cfg)
         if with_batch:
             for k in range(40):
@@ -134,7 +146,9 @@ def test_interactive_is_admitted_past_batch_it_can_overtake() -> None:
 
 
 def test_a_refusal_says_machine_full_with_a_retry_after() -> None:
-    cfg = SloConfig(interactive_ttft_s=0.5, burst_window_s=0.0)  # sustained load
+    cfg = SloConfig(
+        interactive_ttft_s=0.5, burst_window_s=0.0, load_window_s=INSTANT, load_min_s=INSTANT
+    )  # sustained load
     h = Harness.make(FakeExecutor(n_seq_max=64), policy="quanta", slo=cfg)
     for k in range(30):
         h.submit(f"i{k}", prompt(32, base=400 + k), max_tokens=8, slo_class=INTER)
@@ -312,6 +326,8 @@ def thirty_on_four_slots(
     cfg = SloConfig(
         interactive_ttft_s=0.2,
         burst_window_s=0.0,
+        load_window_s=INSTANT,
+        load_min_s=INSTANT,
         step_base_s=0.01,
         step_seq_s=1e-6,
         step_token_s=1e-6,
@@ -452,6 +468,8 @@ def overloaded(quiet_s: float) -> tuple[int, int]:
     cfg = SloConfig(
         interactive_ttft_s=0.2,
         burst_quiet_s=quiet_s,
+        load_window_s=INSTANT,
+        load_min_s=INSTANT,
         step_base_s=0.01,
         step_seq_s=1e-6,
         step_token_s=1e-6,
@@ -506,7 +524,13 @@ def test_a_booked_retry_that_does_not_come_keeps_no_room() -> None:
 def long_prompts(policy: str) -> tuple[int, list[float]]:
     """Ten prompts too long for the first-token target even alone, at once, on a loaded
     machine: how many were refused, and the first-token estimates of the admitted."""
-    cfg = SloConfig(interactive_ttft_s=0.5, burst_window_s=0.0, step_token_s=0.01)
+    cfg = SloConfig(
+        interactive_ttft_s=0.5,
+        burst_window_s=0.0,
+        load_window_s=INSTANT,
+        load_min_s=INSTANT,
+        step_token_s=0.01,
+    )
     h = Harness.make(FakeExecutor(n_seq_max=64), policy=policy, slo=cfg)
     for k in range(10):
         h.submit(f"i{k}", prompt(200, base=50 + 5 * k), max_tokens=8, slo_class=INTER)
@@ -531,7 +555,13 @@ def test_a_retry_told_over_half_a_minute_finds_its_booked_place() -> None:
     """Sustained overload pushes the times told out by the backlog; a retry told over half
     a minute (clients honour up to a minute) is still booked: back at its time, just after
     fresh arrivals, it is admitted and they are not."""
-    cfg = SloConfig(interactive_ttft_s=0.2, burst_window_s=0.0, step_base_s=0.01)
+    cfg = SloConfig(
+        interactive_ttft_s=0.2,
+        burst_window_s=0.0,
+        load_window_s=INSTANT,
+        load_min_s=INSTANT,
+        step_base_s=0.01,
+    )
     h = Harness.make(FakeExecutor(n_seq_max=64), policy="quanta", max_running=2, slo=cfg)
     for k in range(120):
         h.submit(f"i{k}", prompt(32, base=100 + k), max_tokens=200, slo_class=INTER)
@@ -552,7 +582,13 @@ def test_a_retry_told_over_half_a_minute_finds_its_booked_place() -> None:
 
 
 def test_a_retry_too_far_out_is_not_booked() -> None:
-    cfg = SloConfig(interactive_ttft_s=0.2, burst_window_s=0.0, step_base_s=0.01)
+    cfg = SloConfig(
+        interactive_ttft_s=0.2,
+        burst_window_s=0.0,
+        load_window_s=INSTANT,
+        load_min_s=INSTANT,
+        step_base_s=0.01,
+    )
     h = Harness.make(FakeExecutor(n_seq_max=64), policy="quanta", max_running=2, slo=cfg)
     policy = h.sched.policy
     assert isinstance(policy, QuantaPolicy) and policy.admission.bookings is not None

@@ -16,7 +16,7 @@ from quanta_core.engine.types import StepPlan, StepResult, StepTimings
 from quanta_core.requests import SloClass
 from quanta_core.scheduler import SloConfig
 from quanta_core.scheduler.policies.fair import SloPolicy
-from quanta_core.scheduler.step_cost import StepCostModel
+from quanta_core.scheduler.step_cost import StepCostModel, attended_k
 from tests.scheduler_harness import Harness, prompt
 
 INTER, BATCH = SloClass.INTERACTIVE, SloClass.BATCH
@@ -44,8 +44,10 @@ def test_caps_under_a_target() -> None:
     assert cost.max_tokens(17, TARGET, 512) == 17  # at the target already: decodes only
     assert cost.room(1, 20, TARGET) == 8  # beside a 20-token slice: 8 more tokens
     assert cost.room(17, 17, TARGET) == 0
-    assert cost.prefill_s(100, 0, 43) == pytest.approx(
-        2 * cost.estimate(1, 43) + cost.estimate(1, 14)
+    assert cost.prefill_s(100, 0, 43) == pytest.approx(  # chunks from 0, 43 and 86
+        cost.estimate(1, 43, attended_k(0, 43))
+        + cost.estimate(1, 43, attended_k(43, 43))
+        + cost.estimate(1, 14, attended_k(86, 14))
     )
 
 
@@ -87,8 +89,9 @@ def test_the_per_sequence_and_per_token_costs_are_learnt_separately() -> None:
     for _ in range(40):
         for s, t in shapes:
             cost.observe(s, t, synthetic(*true, s, t))
-    base, seq, tok = cost.theta
-    assert (seq, tok) == (pytest.approx(true[1], rel=0.05), pytest.approx(true[2], rel=0.05))
+    base, seq, tok, _ = cost.theta
+    assert seq == pytest.approx(true[1], rel=0.05)
+    assert tok == pytest.approx(true[2], rel=0.05)
     assert base == pytest.approx(true[0], abs=0.006)  # the small intercept absorbs the rest
     # a mixed step (8 decodes and a 25-token chunk) is priced right, and so is a decode step
     assert cost.mean(9, 33) == pytest.approx(synthetic(*true, 9, 33), rel=0.02)
@@ -188,3 +191,37 @@ def test_a_slower_engine_than_the_prior_learns_a_smaller_running_count() -> None
     assert cap in (4, 5)
     # it learns within the first steps; from then on the running count keeps to what 3x allows
     assert max(slow_counts[60:]) <= 5
+
+
+def test_attention_is_learnt_and_prices_long_prompts_as_well_as_short() -> None:
+    """An engine whose step pays ~1.5 ms per thousand attended pairs (a stream per
+    sequence: each token attends over its own cells). The model learns from prefill chunks
+    of prompts up to 2,000 tokens and decodes beside them, then prices a whole 7,600-token
+    prompt and a 128-token one within 15 % of what they cost: a line in tokens alone, fitted
+    to the same steps, is off several times at one end or the other."""
+    base, seq, tok, attn = 0.006, 0.011, 0.006, 0.0015
+
+    def engine(n_seqs: int, n_tokens: int, pairs_k: float) -> float:
+        return base + seq * n_seqs + tok * (n_tokens - n_seqs) + attn * pairs_k
+
+    def truth(n: int, chunk: int = 128) -> float:
+        return sum(
+            engine(1, min(chunk, n - p), attended_k(p, min(chunk, n - p)))
+            for p in range(0, n, chunk)
+        )
+
+    cost = StepCostModel(SloConfig())
+    flat = StepCostModel(SloConfig(step_attn_s=0.0))
+    for k in range(300):
+        length = 128 + (k * 389) % 1900
+        start = (k * 131) % length
+        n_dec = k % 4
+        pairs = attended_k(start, 96) + n_dec * 600 / 1000
+        seconds = engine(1 + n_dec, 96 + n_dec, pairs)
+        cost.observe(1 + n_dec, 96 + n_dec, seconds, pairs)
+        flat.observe(1 + n_dec, 96 + n_dec, seconds)  # what a line in tokens learns
+    mean = cost.at_mean()
+    for n in (128, 7600):
+        assert mean.prefill_s(n, 0, 128) == pytest.approx(truth(n), rel=0.15)
+    flat_err = [flat.at_mean().prefill_s(n, 0, 128) / truth(n) for n in (128, 7600)]
+    assert max(flat_err) > 1.5 or min(flat_err) < 1 / 1.5

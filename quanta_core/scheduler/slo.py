@@ -86,6 +86,8 @@ class SloConfig:
     step_base_s: float = 0.0067
     step_seq_s: float = 0.0113
     step_token_s: float = 0.0064
+    # per thousand (query, key) pairs attended: the reference CPU's calibration (~1 ms)
+    step_attn_s: float = 0.001
     step_forgetting: float = 0.98
     step_prior_weight: float = 0.2
     step_quantile: float = 0.95
@@ -131,6 +133,8 @@ class SloConfig:
         )
         if min(positive) <= 0:
             raise ValueError(f"SLO targets and step costs must be > 0: {self}")
+        if self.step_attn_s < 0:
+            raise ValueError(f"step_attn_s must be >= 0: {self}")
         if self.batch_aging_s < 0 or self.step_base_s < 0 or self.interactive_reserve < 0:
             raise ValueError(f"batch_aging_s, step_base_s, interactive_reserve >= 0: {self}")
         if not 0 < self.itl_headroom <= 1 or not 0 < self.step_forgetting <= 1:

@@ -1,7 +1,16 @@
 """What a step costs: a line with a per-sequence and a per-token term, learnt online.
 
-    mean(s, t)     = base + seq_s * s + token_s * (t - s)     s sequences, t tokens in all
-    estimate(s, t) = mean(s, t) * margin                      what the policy plans against
+    mean(s, t, a)     = base + seq_s * s + token_s * (t - s) + attn_s * a
+                        s sequences, t tokens in all, a thousand attended (query, key) pairs
+    estimate(s, t, a) = mean(s, t, a) * margin                what the policy plans against
+
+The attention term: each token attends over its own sequence's cells before it (a stream
+per sequence), so a chunk of n tokens from position p attends n * p + n (n + 1) / 2 pairs
+and a decode at context c attends c. At short contexts it is nothing; at real prompt
+lengths it is most of the step (a 7,600-token prompt attends ~29 million pairs, as many
+seconds again as its per-token cost on the reference CPU), and a line without it prices a
+long prompt's first token several times too early, or, having learnt from long ones, a
+short one too late.
 
 Why this shape. A decode-only step and a step carrying a prefill chunk cost different things:
 every sequence pays a per-sequence term (its sampled row, its attention), every prompt token
@@ -38,45 +47,57 @@ from typing import Protocol
 
 from quanta_core.scheduler.slo import SloConfig
 
-Vec = tuple[float, float, float]
+Vec = tuple[float, float, float, float]
 Mat = list[list[float]]
+_N = 4
 
-# A typical step's features (1, sequences, extra tokens): the scale the prior's weight is in.
-_PRIOR_SCALE = (1.0, 8.0, 32.0)
+# A typical step's features (1, sequences, extra tokens, thousand attended pairs: 8 streams
+# and a 32-token chunk at ~600 cells of context): the scale the prior's weight is in.
+_PRIOR_SCALE = (1.0, 8.0, 32.0, 24.0)
 
 
-def _features(n_seqs: int, n_tokens: int) -> Vec:
+def _features(n_seqs: int, n_tokens: int, pairs_k: float = 0.0) -> Vec:
     n_seqs = max(n_seqs, 1)
-    return (1.0, float(n_seqs), float(max(n_tokens - n_seqs, 0)))
+    return (1.0, float(n_seqs), float(max(n_tokens - n_seqs, 0)), max(pairs_k, 0.0))
 
 
-def _solve3(a: Mat, b: list[float]) -> Vec | None:
-    """``a x = b`` for 3x3 ``a`` by Gaussian elimination with partial pivoting."""
+def attended_k(start: int, n_tokens: int) -> float:
+    """Thousands of (query, key) pairs ``n_tokens`` from position ``start`` attend."""
+    return (n_tokens * start + n_tokens * (n_tokens + 1) / 2) / 1000.0
+
+
+def _solve(a: Mat, b: list[float]) -> Vec | None:
+    """``a x = b`` for 4x4 ``a`` by Gaussian elimination with partial pivoting."""
     m = [[*row, b[i]] for i, row in enumerate(a)]
-    for col in range(3):
-        pivot = max(range(col, 3), key=lambda r: abs(m[r][col]))
+    for col in range(_N):
+        pivot = max(range(col, _N), key=lambda r: abs(m[r][col]))
         if abs(m[pivot][col]) < 1e-18:
             return None
         m[col], m[pivot] = m[pivot], m[col]
-        for r in range(col + 1, 3):
+        for r in range(col + 1, _N):
             f = m[r][col] / m[col][col]
-            for c in range(col, 4):
+            for c in range(col, _N + 1):
                 m[r][c] -= f * m[col][c]
-    x = [0.0, 0.0, 0.0]
-    for r in (2, 1, 0):
-        x[r] = (m[r][3] - sum(m[r][c] * x[c] for c in range(r + 1, 3))) / m[r][r]
-    return (x[0], x[1], x[2])
+    x = [0.0] * _N
+    for r in range(_N - 1, -1, -1):
+        x[r] = (m[r][_N] - sum(m[r][c] * x[c] for c in range(r + 1, _N))) / m[r][r]
+    return (x[0], x[1], x[2], x[3])
 
 
 class StepCostModel:
     def __init__(self, config: SloConfig) -> None:
-        self.prior_theta: Vec = (config.step_base_s, config.step_seq_s, config.step_token_s)
+        self.prior_theta: Vec = (
+            config.step_base_s,
+            config.step_seq_s,
+            config.step_token_s,
+            config.step_attn_s,
+        )
         self.forgetting = config.step_forgetting
         self.quantile = config.step_quantile
-        self._a: Mat = [[0.0] * 3 for _ in range(3)]  # decaying sum of w x x^T (measured)
-        self._b = [0.0, 0.0, 0.0]  # decaying sum of w x y
-        self._a0: Mat = [[0.0] * 3 for _ in range(3)]  # the prior's pseudo-observations
-        self._b0 = [0.0, 0.0, 0.0]
+        self._a: Mat = [[0.0] * _N for _ in range(_N)]  # decaying sum of w x x^T (measured)
+        self._b = [0.0] * _N  # decaying sum of w x y
+        self._a0: Mat = [[0.0] * _N for _ in range(_N)]  # the prior's pseudo-observations
+        self._b0 = [0.0] * _N
         for i, scale in enumerate(_PRIOR_SCALE):
             self._a0[i][i] = config.step_prior_weight * scale * scale
             self._b0[i] = self._a0[i][i] * self.prior_theta[i]
@@ -87,68 +108,75 @@ class StepCostModel:
 
     @staticmethod
     def _add(a: Mat, b: list[float], x: Vec, y: float, w: float) -> None:
-        for i in range(3):
+        for i in range(_N):
             b[i] += w * x[i] * y
-            for j in range(3):
+            for j in range(_N):
                 a[i][j] += w * x[i] * x[j]
 
-    def prior(self, n_seqs: int, n_tokens: int) -> float:
-        return _dot(self.prior_theta, _features(n_seqs, n_tokens))
+    def prior(self, n_seqs: int, n_tokens: int, pairs_k: float = 0.0) -> float:
+        return _dot(self.prior_theta, _features(n_seqs, n_tokens, pairs_k))
 
-    def mean(self, n_seqs: int, n_tokens: int) -> float:
-        """The expected seconds of a step of ``n_seqs`` sequences carrying ``n_tokens``."""
-        return _dot(self.theta, _features(n_seqs, n_tokens))
+    def mean(self, n_seqs: int, n_tokens: int, pairs_k: float = 0.0) -> float:
+        """The expected seconds of a step of ``n_seqs`` sequences carrying ``n_tokens``
+        that attend ``pairs_k`` thousand pairs."""
+        return _dot(self.theta, _features(n_seqs, n_tokens, pairs_k))
 
-    def estimate(self, n_seqs: int, n_tokens: int) -> float:
+    def estimate(self, n_seqs: int, n_tokens: int, pairs_k: float = 0.0) -> float:
         """Seconds to plan for: the mean times the learnt margin (a high quantile)."""
-        return self.mean(n_seqs, n_tokens) * self.margin
+        return self.mean(n_seqs, n_tokens, pairs_k) * self.margin
 
-    def observe(self, n_seqs: int, n_tokens: int, seconds: float) -> None:
+    def observe(self, n_seqs: int, n_tokens: int, seconds: float, pairs_k: float = 0.0) -> None:
         if n_seqs < 1 or seconds <= 0:
             return
-        x = _features(n_seqs, n_tokens)
-        ratio = seconds / max(self.mean(n_seqs, n_tokens), 1e-9)
+        x = _features(n_seqs, n_tokens, pairs_k)
+        ratio = seconds / max(self.mean(n_seqs, n_tokens, pairs_k), 1e-9)
         if len(self._ratios) == self._ratios.maxlen:
             del self._ranked[bisect_left(self._ranked, self._ratios[0])]  # the one that drops out
         self._ratios.append(ratio)
         insort(self._ranked, ratio)
         lam = self.forgetting
-        for i in range(3):
+        for i in range(_N):
             self._b[i] *= lam
-            for j in range(3):
+            for j in range(_N):
                 self._a[i][j] *= lam
         self._add(self._a, self._b, x, seconds, 1.0)
         self._refit()
 
     def _refit(self) -> None:
-        a = [[self._a0[i][j] + self._a[i][j] for j in range(3)] for i in range(3)]
-        b = [self._b0[i] + self._b[i] for i in range(3)]
-        theta = _solve3(a, b)
+        a = [[self._a0[i][j] + self._a[i][j] for j in range(_N)] for i in range(_N)]
+        b = [self._b0[i] + self._b[i] for i in range(_N)]
+        theta = _solve(a, b)
         if theta is not None:
-            # A step never gets cheaper with more sequences or tokens: keep the slopes
-            # positive (a noisy window can tilt the plane), the intercept non-negative.
-            base, seq, tok = theta
-            self.theta = (max(base, 0.0), max(seq, 1e-6), max(tok, 1e-6))
+            # A step never gets cheaper with more sequences, tokens or context: keep the
+            # slopes positive (a noisy window can tilt the plane), the intercept and the
+            # attention term non-negative.
+            base, seq, tok, attn = theta
+            self.theta = (max(base, 0.0), max(seq, 1e-6), max(tok, 1e-6), max(attn, 0.0))
         ranked = self._ranked
         k = min(int(self.quantile * len(ranked)), len(ranked) - 1)
         self.margin = max(ranked[k], 1.0)
 
     # ---- what the policies ask ----
 
-    def max_seqs(self, target_s: float, limit: int) -> int:
-        """The most decoding sequences (one token each) whose step fits ``target_s``; >= 1."""
-        return _max_seqs(self.estimate, target_s, limit)
+    def max_seqs(self, target_s: float, limit: int, context: float = 0.0) -> int:
+        """The most decoding sequences (one token each, at ``context`` cells each) whose
+        step fits ``target_s``; >= 1."""
+        return _max_seqs(self.estimate, target_s, limit, context)
 
-    def max_tokens(self, n_seqs: int, target_s: float, limit: int) -> int:
-        """The most tokens a step of ``n_seqs`` sequences may carry within ``target_s``.
+    def max_tokens(
+        self, n_seqs: int, target_s: float, limit: int, context: float = 0.0, start: int = 0
+    ) -> int:
+        """The most tokens a step of ``n_seqs`` sequences (decoding at ``context`` cells)
+        may carry within ``target_s``, the extra ones a chunk from position ``start``.
 
         Never fewer than ``n_seqs``: every running stream gets its token, even when the
         target cannot be met (then it is missed, and admission stops adding to it).
         """
         n_seqs = max(n_seqs, 1)
-        base, seq, tok = self.theta
-        spare = target_s / self.margin - base - seq * n_seqs
-        extra = int(spare / tok) if spare > 0 else 0
+        base, seq, tok, attn = self.theta
+        spare = target_s / self.margin - base - seq * n_seqs - attn * n_seqs * context / 1000
+        per_token = tok + attn * start / 1000
+        extra = int(spare / per_token) if spare > 0 else 0
         return max(n_seqs, min(limit, n_seqs + extra))
 
     def room(self, n_seqs: int, n_tokens: int, target_s: float) -> int:
@@ -159,13 +187,14 @@ class StepCostModel:
         spare = target_s / self.margin - self.mean(n_seqs + 1, n_tokens + 1)
         return 1 + int(spare / self.theta[2])
 
-    def decode_step_s(self, n_seqs: int) -> float:
-        return self.estimate(n_seqs, n_seqs)
+    def decode_step_s(self, n_seqs: int, context: float = 0.0) -> float:
+        """A decode step of ``n_seqs`` streams at ``context`` cells each."""
+        return self.estimate(n_seqs, n_seqs, n_seqs * context / 1000)
 
-    def prefill_s(self, n_tokens: int, n_decoding: int, step_tokens: int) -> float:
-        """Prefilling ``n_tokens`` in chunks beside ``n_decoding`` streams, ``step_tokens``
-        tokens per step in all: full chunks, then the rest."""
-        return _prefill_s(self.estimate, n_tokens, n_decoding, step_tokens)
+    def prefill_s(self, n_tokens: int, n_decoding: int, step_tokens: int, start: int = 0) -> float:
+        """Prefilling ``n_tokens`` from position ``start`` in chunks beside ``n_decoding``
+        streams, ``step_tokens`` tokens per step in all: full chunks, then the rest."""
+        return _prefill_s(self.estimate, n_tokens, n_decoding, step_tokens, start)
 
     def at_mean(self) -> MeanCosts:
         return MeanCosts(self)
@@ -174,10 +203,14 @@ class StepCostModel:
 class StepCosts(Protocol):
     """What admission's projections ask of a step-cost model."""
 
-    def estimate(self, n_seqs: int, n_tokens: int) -> float: ...
-    def decode_step_s(self, n_seqs: int) -> float: ...
-    def prefill_s(self, n_tokens: int, n_decoding: int, step_tokens: int) -> float: ...
-    def max_tokens(self, n_seqs: int, target_s: float, limit: int) -> int: ...
+    def estimate(self, n_seqs: int, n_tokens: int, pairs_k: float = 0.0) -> float: ...
+    def decode_step_s(self, n_seqs: int, context: float = 0.0) -> float: ...
+    def prefill_s(
+        self, n_tokens: int, n_decoding: int, step_tokens: int, start: int = 0
+    ) -> float: ...
+    def max_tokens(
+        self, n_seqs: int, target_s: float, limit: int, context: float = 0.0, start: int = 0
+    ) -> int: ...
 
 
 class MeanCosts:
@@ -189,24 +222,29 @@ class MeanCosts:
     def __init__(self, model: StepCostModel) -> None:
         self.model = model
 
-    def estimate(self, n_seqs: int, n_tokens: int) -> float:
-        return self.model.mean(n_seqs, n_tokens)
+    def estimate(self, n_seqs: int, n_tokens: int, pairs_k: float = 0.0) -> float:
+        return self.model.mean(n_seqs, n_tokens, pairs_k)
 
-    def decode_step_s(self, n_seqs: int) -> float:
-        return self.model.mean(n_seqs, n_seqs)
+    def decode_step_s(self, n_seqs: int, context: float = 0.0) -> float:
+        return self.model.mean(n_seqs, n_seqs, n_seqs * context / 1000)
 
-    def prefill_s(self, n_tokens: int, n_decoding: int, step_tokens: int) -> float:
-        return _prefill_s(self.estimate, n_tokens, n_decoding, step_tokens)
+    def prefill_s(self, n_tokens: int, n_decoding: int, step_tokens: int, start: int = 0) -> float:
+        return _prefill_s(self.estimate, n_tokens, n_decoding, step_tokens, start)
 
-    def max_tokens(self, n_seqs: int, target_s: float, limit: int) -> int:
-        return self.model.max_tokens(n_seqs, target_s, limit)
+    def max_tokens(
+        self, n_seqs: int, target_s: float, limit: int, context: float = 0.0, start: int = 0
+    ) -> int:
+        return self.model.max_tokens(n_seqs, target_s, limit, context, start)
 
-    def max_seqs(self, target_s: float, limit: int) -> int:
+    def max_seqs(self, target_s: float, limit: int, context: float = 0.0) -> int:
         """The most decoding sequences whose mean step fits ``target_s``; >= 1."""
-        return _max_seqs(self.estimate, target_s, limit)
+        return _max_seqs(self.estimate, target_s, limit, context)
 
 
-def _max_seqs(estimate: Callable[[int, int], float], target_s: float, limit: int) -> int:
+Estimate = Callable[[int, int, float], float]
+
+
+def _max_seqs(estimate: Estimate, target_s: float, limit: int, context: float = 0.0) -> int:
     """The largest n in 1..``limit`` whose decode step (n sequences, a token each) fits
     ``target_s``, 1 when none does. A bisection: the step's price only grows with n (the
     slopes are kept positive), and the policies ask this every cycle, before the next plan,
@@ -214,7 +252,7 @@ def _max_seqs(estimate: Callable[[int, int], float], target_s: float, limit: int
     lo, hi = 1, limit
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if estimate(mid, mid) <= target_s:
+        if estimate(mid, mid, mid * context / 1000) <= target_s:
             lo = mid
         else:
             hi = mid - 1
@@ -222,16 +260,26 @@ def _max_seqs(estimate: Callable[[int, int], float], target_s: float, limit: int
 
 
 def _prefill_s(
-    estimate: Callable[[int, int], float], n_tokens: int, n_decoding: int, step_tokens: int
+    estimate: Estimate, n_tokens: int, n_decoding: int, step_tokens: int, start: int = 0
 ) -> float:
+    """Full chunks, then the rest; a step is linear in its attended pairs, so the full
+    chunks are priced as one step's tokens times their number plus all their pairs (the
+    decoding streams' attention is left out: the callers price it in their decode steps)."""
     if n_tokens <= 0:
         return 0.0
     chunk = max(step_tokens - n_decoding, 1)
     full, rest = divmod(n_tokens, chunk)
     seqs = n_decoding + 1
-    total = full * estimate(seqs, n_decoding + chunk)
-    return total + (estimate(seqs, n_decoding + rest) if rest else 0.0)
+    total = 0.0
+    if full:
+        # chunk k (0-based) starts at start + k * chunk
+        pairs = full * attended_k(start, chunk) + chunk * chunk * full * (full - 1) / 2000
+        total = full * estimate(seqs, n_decoding + chunk, 0.0)
+        total += estimate(seqs, n_decoding + chunk, pairs) - estimate(seqs, n_decoding + chunk, 0.0)
+    if rest:
+        total += estimate(seqs, n_decoding + rest, attended_k(start + full * chunk, rest))
+    return total
 
 
 def _dot(a: Vec, b: Vec) -> float:
-    return a[0] * b[0] + a[1] * b[1] + a[2] * b[2]
+    return a[0] * b[0] + a[1] * b[1] + a[2] * b[2] + a[3] * b[3]

@@ -72,7 +72,7 @@ from quanta_core.scheduler.policies.class_queue import ClassQueue
 from quanta_core.scheduler.policies.slo_admission import SloAdmission
 from quanta_core.scheduler.policies.vtc import FairQueue, VirtualCounters
 from quanta_core.scheduler.slo import SloConfig
-from quanta_core.scheduler.step_cost import StepCostModel
+from quanta_core.scheduler.step_cost import StepCostModel, attended_k
 
 _SERVED = frozenset({FinishReason.STOP, FinishReason.LENGTH})
 
@@ -300,7 +300,8 @@ class SloPolicy(Policy):
     def on_step(self, plan: StepPlan, result: StepResult) -> None:
         seconds = result.timings.total_s or result.timings.engine_s
         n_tokens = sum(len(s.tokens) for s in plan.slices)
-        self.cost.observe(len(plan.slices), n_tokens, seconds)
+        pairs = sum(attended_k(s.start_pos, len(s.tokens)) for s in plan.slices)
+        self.cost.observe(len(plan.slices), n_tokens, seconds, pairs)
         if self.admission.drain.backlogged:
             batch = {r.owner for r in self._running if r.slo_class is SloClass.BATCH}
             n_batch = sum(len(s.tokens) for s in plan.slices if s.owner in batch)

@@ -42,7 +42,7 @@ from quanta_core.scheduler.policies.memory import MemoryGate, peak_blocks_of
 from quanta_core.scheduler.policies.vtc import FairQueue
 from quanta_core.scheduler.queue import SortKey
 from quanta_core.scheduler.slo import SloConfig
-from quanta_core.scheduler.step_cost import StepCostModel
+from quanta_core.scheduler.step_cost import StepCostModel, attended_k
 
 
 def _prefilling(r: Choice) -> bool:
@@ -149,4 +149,5 @@ class HorizonPolicy(VtcPolicy):
     def on_step(self, plan: StepPlan, result: StepResult) -> None:
         seconds = result.timings.total_s or result.timings.engine_s
         n_tokens = sum(len(s.tokens) for s in plan.slices)
-        self.cost.observe(len(plan.slices), n_tokens, seconds)
+        pairs = sum(attended_k(s.start_pos, len(s.tokens)) for s in plan.slices)
+        self.cost.observe(len(plan.slices), n_tokens, seconds, pairs)

@@ -71,6 +71,7 @@ from quanta_core.scheduler.policies.load import OfferedLoad
 from quanta_core.scheduler.policies.memory import MemoryGate
 from quanta_core.scheduler.policies.shares import held_back
 from quanta_core.scheduler.policies.slo_admission import SloAdmission
+from quanta_core.scheduler.policies.slo_estimates import mean_context
 from quanta_core.scheduler.slo import SloConfig
 
 log = logging.getLogger("quanta.admission")
@@ -109,6 +110,7 @@ class QuantaPolicy(SloPolicy):
         self._itl_cap = 1  # the running set the inter-token target allows, last computed
         self._burst: set[Choice] = set()  # admitted in a calm burst, before the first token
         self._queued_due = math.inf  # the earliest first-token due among queued interactive
+        self._context = 0.0  # the running sequences' mean length, this cycle
         self.load = OfferedLoad(cfg.load_window_s, cfg.load_min_s)
         self._limits_base = StepLimits(1, 1)
         # (estimated, actual) seconds to the first token of the last finished requests
@@ -120,19 +122,21 @@ class QuantaPolicy(SloPolicy):
 
     # ---- the running set and the step ----
 
-    def running_cap(self, base: StepLimits, burst: bool = False) -> int:
-        """The most sequences whose decode step the cost model prices within the inter-token
-        target; for a burst on a calm machine, within ``burst_itl_s``."""
+    def running_cap(self, base: StepLimits, burst: bool = False, context: float = 0.0) -> int:
+        """The most sequences (at ``context`` cells each) whose decode step the cost model
+        prices within the inter-token target; for a burst on a calm machine, within
+        ``burst_itl_s``."""
         if burst:  # a typical step within the smooth gap: the mean, not the margin
             target = self.config.burst_itl_s * self.config.grow_headroom
-            return self._mean.max_seqs(target, base.max_running)
-        return self.cost.max_seqs(self._itl_target, base.max_running)
+            return self._mean.max_seqs(target, base.max_running, context)
+        return self.cost.max_seqs(self._itl_target, base.max_running, context)
 
     def limits(self, running: Collection[Choice], base: StepLimits) -> StepLimits:
         self._running = running
         self._burst = {r for r in self._burst if r.first_token is None and not r.is_finished}
-        self._itl_cap = self.running_cap(base)
-        cap = self.running_cap(base, burst=True) if self._burst else self._itl_cap
+        context = self._context = mean_context(running)
+        self._itl_cap = self.running_cap(base, context=context)
+        cap = self.running_cap(base, True, context) if self._burst else self._itl_cap
         self._cap = cap
         inter = [r for r in running if r.slo_class is _INTERACTIVE]
         self._ttft_first = bool(self._burst)
@@ -146,7 +150,8 @@ class QuantaPolicy(SloPolicy):
             if self._ttft_first:
                 step_s = max(step_s, self._pace_s(inter, cap), self._owed_s())
             if step_s < math.inf:
-                budget = self.cost.max_tokens(n_seqs, step_s, base.token_budget)
+                start = max((r.num_computed_tokens for r in running if _prefilling(r)), default=0)
+                budget = self.cost.max_tokens(n_seqs, step_s, base.token_budget, context, start)
         self._limits = StepLimits(cap, budget)
         dues = self.admission.dues
         self._queued_due = min(
@@ -162,7 +167,7 @@ class QuantaPolicy(SloPolicy):
         if not decoding:
             return math.inf
         n = min(cap, len(self._running) + len(self.queue.classes[_INTERACTIVE]))
-        step = self._mean.decode_step_s(max(n, 1))
+        step = self._mean.decode_step_s(max(n, 1), self._context)
         allowed = math.inf
         for r in decoding:
             assert r.first_token is not None
@@ -221,7 +226,7 @@ class QuantaPolicy(SloPolicy):
         class's tenants running now (``shares``): batch always, interactive streams only
         where they still meet the inter-token target."""
         held: set[Choice] = set()
-        step_s = self.cost.decode_step_s(max(len(running), 1))
+        step_s = self.cost.decode_step_s(max(len(running), 1), mean_context(running))
         for cls, itl in ((_BATCH, None), (_INTERACTIVE, self._itl_target)):
             mine = [r for r in running if r.slo_class is cls]
             counter = self.counters[cls].counter
@@ -304,7 +309,8 @@ class QuantaPolicy(SloPolicy):
     ) -> AdmissionVerdict:
         x = choices[0]
         cls = x.slo_class
-        cap = self._itl_cap = self.running_cap(base)
+        context = mean_context(running)
+        cap = self._itl_cap = self.running_cap(base, context=context)
         self._limits_base = base
         caps = StepLimits(cap, base.token_budget)
         burst = False
@@ -320,7 +326,7 @@ class QuantaPolicy(SloPolicy):
             self.admission.ttft_grace_s = grace if burst or below else 0.0
             self.admission.est.full_budget_prefill = burst
             if burst:
-                caps = StepLimits(self.running_cap(base, burst=True), base.token_budget)
+                caps = StepLimits(self.running_cap(base, True, context), base.token_budget)
             held = self.memory_slots(x, [*ahead, *self.queue.classes[_INTERACTIVE]])
             if held is not None and held < caps.max_running:
                 caps = StepLimits(held, caps.token_budget)
@@ -340,9 +346,10 @@ class QuantaPolicy(SloPolicy):
         serves (``load``)? Each is priced alone: its prefill, and its expected tokens at
         what a stream adds to a decode step (the step's own cost is shared)."""
         x = choices[0]
-        per_token = self._mean.model.theta[1]
+        _, per_seq, _, per_pair = self._mean.model.theta
+        left = self.admission.est.outputs_left(x)
         work = self.admission.est.alone_prefill_s(x, self._limits_base.token_budget)
-        work += self.admission.est.outputs_left(x) * per_token
+        work += left * (per_seq + per_pair * (x.num_tokens + left / 2) / 1000)
         self.load.add(x.arrival, work * len(choices))
         return self.load.load(x.arrival) < 1.0
 

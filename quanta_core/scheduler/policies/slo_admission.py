@@ -200,6 +200,7 @@ class SloAdmission:
             room = job(x, now + target if self.prefill_edf else None)
             ordered += [room] * len(self._tenants_below(x, running))
         mine = job(x, now + target + self.ttft_grace_s)
+        first: float | None
         if self.prefill_edf:
             first, est = self._edf_first(
                 x, running, slots, ordered, booked, mine, target, streams, base.token_budget
@@ -210,7 +211,7 @@ class SloAdmission:
             # need yet).
             est = project(now, slots, [*ordered, *booked, mine])[-1] - now
             if est + now <= mine.due:
-                first: float | None = est
+                first = est
             else:
                 at_times = [replace(b, ready=b.due - target) for b in booked]  # due: time + target
                 first = _before_retries(now, slots, ordered, at_times, mine)

@@ -23,6 +23,11 @@ from quanta_core.scheduler.slo import SloConfig
 from quanta_core.scheduler.step_cost import StepCosts
 
 
+def mean_context(running: Collection[Choice]) -> float:
+    """The cells a running sequence holds, on average (what each decode attends over)."""
+    return sum(r.num_tokens for r in running) / len(running) if running else 0.0
+
+
 def prefill_left(r: Choice) -> int:
     """Prompt (or recompute) tokens still to compute before ``r`` samples."""
     return max(r.num_tokens - r.num_computed_tokens - 1, 0)
@@ -52,21 +57,28 @@ class SloEstimates:
         total = r.max_tokens if r.sampling.ignore_eos else min(r.max_tokens, self.expected())
         return max(total - r.num_output, 1)
 
-    def interactive_prefill_s(self, n_tokens: int, n_streams: int, budget: int) -> float:
-        """Prefilling ``n_tokens`` beside ``n_streams`` interactive streams."""
+    def interactive_prefill_s(
+        self, n_tokens: int, n_streams: int, budget: int, start: int = 0
+    ) -> float:
+        """Prefilling ``n_tokens`` from position ``start`` beside ``n_streams`` interactive
+        streams."""
         if self.full_budget_prefill:
-            # Queued prompts pack into the same full steps: each pays its tokens' share.
+            # Queued prompts pack into the same full steps: each pays its tokens' share (and
+            # its own attention: a chunk at the middle of it, on average).
             chunk = max(budget - n_streams, 1)
-            return n_tokens / chunk * self.cost.estimate(n_streams + 1, n_streams + chunk)
-        step = self.cost.max_tokens(n_streams + 1, self.itl_target_s, budget)
-        return self.cost.prefill_s(n_tokens, n_streams, step)
+            pairs = chunk * (start + n_tokens / 2) / 1000
+            step = self.cost.estimate(n_streams + 1, n_streams + chunk, pairs)
+            return n_tokens / chunk * step
+        step = self.cost.max_tokens(n_streams + 1, self.itl_target_s, budget, start=start)
+        return self.cost.prefill_s(n_tokens, n_streams, step, start)
 
     def alone_prefill_s(self, r: Choice, budget: int) -> float:
         """Prefilling ``r`` on an idle engine (``alone_full_budget``: in full-budget steps, as
         ``quanta`` runs it with no stream to keep smooth)."""
+        start = r.num_computed_tokens
         if self.alone_full_budget:
-            return self.cost.prefill_s(prefill_left(r) + 1, 0, budget)
-        return self.interactive_prefill_s(prefill_left(r) + 1, 0, budget)
+            return self.cost.prefill_s(prefill_left(r) + 1, 0, budget, start)
+        return self.interactive_prefill_s(prefill_left(r) + 1, 0, budget, start)
 
     # ---- the projection's inputs ----
 
@@ -85,28 +97,30 @@ class SloEstimates:
         of their own (``running_prefills``), and the lane is free now."""
         cap = max(cap, 1)
         busy = max(min(cap, len(running) + len(queued) + 1), 1)
-        decode_s = self.cost.decode_step_s(busy)
+        decode_s = self.cost.decode_step_s(busy, mean_context(running))
         streams = sum(1 for r in running if r.slo_class is SloClass.INTERACTIVE)
         streams = min(streams + len(queued), cap - 1)
-        lane, lane_held = now, lane
+        lane_held, at = lane, now
         ends: list[float] = []
-        priced: dict[int, float] = {}  # interactive prefill by tokens: a burst has few sizes
+        priced: dict[tuple[int, int], float] = {}  # by tokens and start: a burst has few
         for r in running:
             todo = prefill_left(r)
             if r.slo_class is SloClass.INTERACTIVE:
-                prefill = priced.get(todo, -1.0)
+                start = r.num_computed_tokens
+                prefill = priced.get((todo, start), -1.0)
                 if prefill < 0:
-                    prefill = priced[todo] = (
-                        self.interactive_prefill_s(todo, streams, budget) if todo else 0.0
+                    prefill = priced[(todo, start)] = (
+                        self.interactive_prefill_s(todo, streams, budget, start) if todo else 0.0
                     )
-                lane += prefill if lane_held else 0.0
+                at += prefill if lane_held else 0.0
             else:
-                prefill = self.cost.prefill_s(todo, busy - 1, budget) if todo else 0.0
+                start = r.num_computed_tokens
+                prefill = self.cost.prefill_s(todo, busy - 1, budget, start) if todo else 0.0
             ends.append(now + prefill + self.outputs_left(r) * decode_s)
         ends.sort()
         n = len(ends)
         free = ends[n - cap :] if n >= cap else [now] * (cap - n) + ends
-        return Slots(tuple(free), lane), decode_s, streams
+        return Slots(tuple(free), at), decode_s, streams
 
     def running_prefills(
         self,
@@ -121,7 +135,8 @@ class SloEstimates:
         for r in running:
             todo = prefill_left(r)
             if r.slo_class is SloClass.INTERACTIVE and todo:
-                prefill = self.interactive_prefill_s(todo, streams, budget)
+                start = r.num_computed_tokens
+                prefill = self.interactive_prefill_s(todo, streams, budget, start)
                 out.append(Job(prefill, 0.0, dues.get(r, -math.inf), holds_slot=True))
         return out
 
@@ -142,7 +157,7 @@ class SloEstimates:
     ) -> list[Job]:
         """``job`` of each of ``queued``, due at its promise: each size priced once (a burst
         is hundreds of requests of a few sizes, and every arrival projects them all)."""
-        priced: dict[tuple[SloClass, int, int], Job] = {}
+        priced: dict[tuple[SloClass, int, int, int], Job] = {}
         out: list[Job] = []
         expected = self.expected()
         for r in queued:
@@ -150,7 +165,7 @@ class SloEstimates:
             # request at every arrival.
             todo = max(r.num_tokens - r.num_computed_tokens - 1, 0)
             total = r.max_tokens if r.sampling.ignore_eos else min(r.max_tokens, expected)
-            size = (r.slo_class, todo, max(total - r.num_output, 1))
+            size = (r.slo_class, todo, max(total - r.num_output, 1), r.num_computed_tokens)
             job = priced.get(size)
             if job is None:
                 job = priced[size] = self.job(r, None, decode_s, streams, budget)
@@ -161,9 +176,10 @@ class SloEstimates:
     def job(self, r: Choice, due: float | None, decode_s: float, streams: int, budget: int) -> Job:
         """``r`` queued; ``due`` its promised first token (None: no promise)."""
         todo = prefill_left(r) + 1
+        start = r.num_computed_tokens
         if r.slo_class is SloClass.INTERACTIVE:
-            prefill = self.interactive_prefill_s(todo, streams, budget)
+            prefill = self.interactive_prefill_s(todo, streams, budget, start)
         else:
-            prefill = self.cost.prefill_s(todo, streams, budget)
+            prefill = self.cost.prefill_s(todo, streams, budget, start)
         hold = self.outputs_left(r) * decode_s
         return Job(prefill, hold, float("inf") if due is None else due)
