@@ -603,3 +603,89 @@ def test_a_retry_too_far_out_is_not_booked() -> None:
     assert max(told) > bookings.horizon_s  # some were told to come back that late ...
     assert 0 < len(bookings) < len(told)  # ... and only those within the horizon booked
     assert max(told) < 3 * bookings.horizon_s  # so the times told stop growing
+
+
+def test_a_short_prompt_goes_ahead_of_a_long_prefill_in_progress() -> None:
+    """A 2,000-token prompt is prefilling (its first token due in twice its own prefill);
+    a 100-token one arrives (due within the 2 s target). Served in arrival order it would
+    wait out the whole long prefill and be refused; due first, it is admitted and the next
+    step's prefill is its own, and the long one still makes its first token on time."""
+    cfg = SloConfig(burst_window_s=0.0)  # not a calm burst: the target is the bound
+    h = Harness.make(
+        FakeExecutor(n_ctx=8192, n_seq_max=8, n_vocab=32_000), policy="quanta", slo=cfg
+    )
+    h.submit("long", prompt(2000, base=10), max_tokens=8, slo_class=INTER, sampling=RUN_OUT)
+    for _ in range(3):
+        h.cycle()
+    h.submit("short", prompt(100, base=5000), max_tokens=8, slo_class=INTER, sampling=RUN_OUT)
+    assert ("short", 0) not in h.results()  # not refused
+    plan = h.cycle()
+    owners = [s.owner for s in plan.slices]
+    assert owners[0] == "short/0"
+    h.run()
+    results = h.results()
+    assert {r.finish_reason for r in results.values()} == {FinishReason.LENGTH}
+    short, long = results[("short", 0)].timings, results[("long", 0)].timings
+    assert short.first_token is not None and long.first_token is not None
+    assert short.first_token < long.first_token
+
+
+def clump_behind_a_quiet_minute(load_window_s: float) -> list[str]:
+    """A machine that is not calm (no burst window) and has served one small request a
+    minute ago gets four 1,000-token prompts at once: seconds of work each, the fourth
+    projected past twice its own prefill. Which are refused?"""
+    cfg = SloConfig(burst_window_s=0.0, load_window_s=load_window_s, load_min_s=load_window_s)
+    h = Harness.make(
+        FakeExecutor(n_ctx=8192, n_seq_max=8, n_vocab=32_000), policy="quanta", slo=cfg
+    )
+    h.submit("early", prompt(16, base=10), max_tokens=4, slo_class=INTER)
+    h.run()
+    h.clock.advance(60.0)
+    for k in range(4):
+        h.submit(f"c{k}", prompt(1000, base=100 + 1000 * k), max_tokens=8, slo_class=INTER)
+    return sorted(
+        rid for (rid, _), r in h.results().items() if r.finish_reason is FinishReason.REJECTED
+    )
+
+
+def test_below_capacity_a_clump_of_long_prompts_is_queued_not_refused() -> None:
+    # Offered over the last two minutes: well under what the engine serves. Read over an
+    # instant, the same clump is an overload, and the target refuses its tail.
+    assert clump_behind_a_quiet_minute(120.0) == []
+    assert clump_behind_a_quiet_minute(INSTANT) != []
+
+
+def test_a_long_batch_prompt_is_chunked_beside_interactive_streams_and_yields_to_them() -> None:
+    """A 3,000-token batch prompt: alone, every step carries the whole token budget (no
+    pacing while nobody interactive is there); beside decoding interactive streams, every
+    step keeps within what the inter-token target allows and every stream gets its token;
+    an interactive arrival gets its first chunk at the very next step, ahead of it."""
+    cfg = SloConfig(burst_window_s=0.0)
+    budget = 128
+    h = Harness.make(
+        FakeExecutor(n_ctx=16_384, n_seq_max=8, n_vocab=32_000),
+        policy="quanta",
+        token_budget=budget,
+        slo=cfg,
+    )
+    h.submit("job", prompt(3000, base=10), max_tokens=8, slo_class=BATCH, sampling=RUN_OUT)
+    for _ in range(5):
+        assert sum(len(s.tokens) for s in h.cycle().slices) == budget
+    for k in range(3):
+        h.submit(f"i{k}", prompt(16, base=20_000 + 20 * k), 200, slo_class=INTER)
+    while any(len(h.streamed(f"i{k}")) == 0 for k in range(3)):
+        h.cycle()
+    policy = h.sched.policy
+    assert isinstance(policy, QuantaPolicy)
+    itl = cfg.interactive_itl_s * cfg.grow_headroom
+    for _ in range(5):
+        plan = h.cycle()
+        owners = {s.owner for s in plan.slices}
+        assert {f"i{k}/0" for k in range(3)} <= owners
+        assert "job/0" in owners  # it progresses, in what the streams leave
+        assert sum(len(s.tokens) for s in plan.slices) <= policy.cost.max_tokens(4, itl, budget)
+    h.submit("late", prompt(200, base=25_000), 8, slo_class=INTER)
+    plan = h.cycle()
+    chunk = {s.owner: len(s.tokens) for s in plan.slices}
+    assert chunk.get("late/0", 0) > 1
+    assert chunk.get("late/0", 0) >= chunk.get("job/0", 0)
