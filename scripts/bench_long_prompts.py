@@ -2,8 +2,10 @@
 
     burst-1k     8 x (1,000-token prompt + 128) at once, interactive
     burst-3k     4 x (3,000 + 128) at once, interactive
-    coding       24 requests of a coding-style stream (prompts 33-3,718 tokens, median ~600;
-                 answers 6-94), Poisson 0.25/s, interactive
+    coding       24 requests of a coding-style stream (prompts 36-2,236 tokens, median ~480;
+                 answers 6-94), Poisson, interactive: 0.15/s on the reference machine (about
+                 3/4 of what it serves, by the simulator), scaled by this machine's speed
+                 now (the reference probe's time, measured before each round)
     weights-run  two interactive tenants, weights 1 : 2, 12 closed-loop users each (64 + 48
                  tokens), 60 s: every stream fits the running set at once
 
@@ -40,11 +42,14 @@ def burst(name: str, n: int, prompt: int, output: int) -> Scenario:
     return Scenario(name, spec, n_ctx=N_CTX)
 
 
-def coding() -> Scenario:
+CODING_RATE = 0.15  # requests/s on the reference machine: about 3/4 of its capacity
+
+
+def coding(rate: float = CODING_RATE) -> Scenario:
     prompt = LengthDist(DistKind.LOGNORMAL, mean=600.0, std=750.0, min=33, max=3718)
     output = LengthDist(DistKind.UNIFORM, min=6, max=94)
     dev = TenantSpec("dev", prompt=prompt, output=output, requests=24)
-    spec = WorkloadSpec("coding", (dev,), seed=38, requests=None, rate=0.25, targets=TARGETS)
+    spec = WorkloadSpec("coding", (dev,), seed=38, requests=None, rate=rate, targets=TARGETS)
     return Scenario("coding", spec, n_ctx=N_CTX)
 
 
@@ -86,6 +91,20 @@ def _line(tag: str, cell: dict[str, object]) -> str:
     return f"{tag}: " + " ".join(parts)
 
 
+def _speed_factor() -> float:
+    """How many times the reference machine's time this one takes for the reference probe
+    now (``quanta calibrate --probe-only``)."""
+    from app.lab.calibrate.command import measure_probe_alone
+    from app.lab.calibrate.probe import speed_factor
+    from app.lab.sim.command import default_cost_model_path
+    from app.server.settings import Settings
+    from quanta_core.sim.cost_model import CostModel
+
+    reference = CostModel.load(default_cost_model_path())
+    settings = Settings(model_path=default_model_path(), threads=os.cpu_count() or 2)
+    return float(speed_factor(measure_probe_alone(settings).total_s, reference))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", default=",".join(SCENARIOS))
@@ -102,15 +121,17 @@ def main() -> None:
     cells: list[dict[str, object]] = []
     for rnd in range(args.rounds):
         for name in args.only.split(","):
+            factor = _speed_factor() if name == "coding" else 1.0
             for code in codes:
                 os.chdir(code)  # ``python -m app.cli`` serves this checkout's code
-                scenario = SCENARIOS[name]()
+                scenario = coding(CODING_RATE / factor) if name == "coding" else SCENARIOS[name]()
                 load = os.getloadavg()
                 cell = run_one(scenario, "quanta", launcher, args.out / code.name / str(rnd))
                 cell.pop("records")
-                cell.update(code=str(code), round=rnd, name=name)
+                cell.update(code=str(code), round=rnd, name=name, speed_factor=factor)
                 cells.append(cell)
-                print(f"load {load[0]:.2f} " + _line(f"{name} {code.name} #{rnd}", cell))
+                tag = f"{name} {code.name} #{rnd} x{factor:.2f}"
+                print(f"load {load[0]:.2f} " + _line(tag, cell), flush=True)
                 with open(args.out / "cells.jsonl", "a") as f:
                     f.write(json.dumps(cell) + "\n")
 
