@@ -13,9 +13,17 @@ admission that answers at once) with these rules changed or added:
   takes them from running batch requests, which are preempted (stashed: cheap, 22.5 KiB per
   token) and resume later. The last running batch request is never taken while batch waits:
   batch always progresses. Aged batch goes ahead of other batch, never ahead of interactive.
-- A prompt too long for the first-token target even alone is promised twice its own
-  prefill (it waits no longer than it computes) and refused when the queue would keep it
-  longer: queued best effort, such prompts filled the queue and waited minutes.
+- A prompt's first-token target grows with its own prefill: the interactive target, or
+  twice its prefill alone where that is longer (it waits no longer than it computes).
+  Interactive prefills go earliest due first, a running one included (``_run_order``,
+  ``defers``), and admission projects a new request among them in that order
+  (``promises.edf_first``): a short prompt goes ahead of a long prefill in progress where
+  that makes neither late, instead of being refused behind all of it.
+- Refusal on the target holds only over capacity: while the interactive work offered over
+  the last ``load_window_s`` (each arrival priced alone, ``load``) is under what the engine
+  serves in that time, a request late in the projection is queued as a calm burst is
+  (``burst_grace``). Traffic of mixed lengths comes in clumps that project late and drain
+  a minute later; refusing them turned away most of a stream at 3/4 of capacity.
 - Admission projects an interactive request behind the interactive work only (batch can be
   overtaken or preempted), so it is refused only when interactive work alone keeps it past
   its target; it is projected on no more slots than the KV pool holds requests of its and
