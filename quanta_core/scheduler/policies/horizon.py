@@ -143,8 +143,11 @@ class HorizonPolicy(VtcPolicy):
     ) -> None:
         super().on_steady_steps(decoding, steps, prefill, charges, seconds)
         n = len(decoding)
-        for s in seconds:  # as ``on_step`` of each (decodes only: no prefill runs in bulk)
-            self.cost.observe(n, n, s)
+        # the tokens are taken in: step j's decodes attended their lengths then, each
+        # ``steps - j`` short of its length now
+        held = sum(r.num_tokens for r in decoding)
+        for j, s in enumerate(seconds):  # as ``on_step`` of each (decodes only, no prefill)
+            self.cost.observe(n, n, s, (held - n * (steps - j)) / 1000)
 
     def on_step(self, plan: StepPlan, result: StepResult) -> None:
         seconds = result.timings.total_s or result.timings.engine_s
