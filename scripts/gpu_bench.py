@@ -689,12 +689,11 @@ def long_row(results: Path) -> dict[str, Any]:
 def batched_bench(binary: str, model: str, prompt: int, output: int, sizes: tuple[int, ...],
                   layout: str) -> str:  # fmt: skip
     """llama-batched-bench's table for ``sizes`` sequences of ``prompt`` + ``output`` tokens,
-    a KV stream per sequence (its default) or one buffer (``-kvu``)."""
+    a KV stream per sequence (``-no-kvu``) or one buffer (``-kvu``)."""
     argv = [binary, "-m", model, "-c", str(max(sizes) * (prompt + output) + 256), "-b", "2048",
             "-ub", "512", "-npp", str(prompt), "-ntg", str(output),
             "-npl", ",".join(map(str, sizes)), "-ngl", "999", "-fa", "on"]  # fmt: skip
-    if layout == "unified":
-        argv.append("-kvu")
+    argv.append("-kvu" if layout == "unified" else "-no-kvu")
     done = subprocess.run(argv, capture_output=True, text=True, timeout=600)
     return done.stdout + done.stderr[-2000:]
 
