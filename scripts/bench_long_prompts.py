@@ -74,6 +74,7 @@ def weights_running() -> Scenario:
 SCENARIOS = {
     "burst-1k": lambda: burst("burst-1k", 8, 1000, 128),
     "burst-3k": lambda: burst("burst-3k", 4, 3000, 128),
+    "burst-7k": lambda: burst("burst-7k", 2, 7600, 64),
     "coding": coding,
     "weights-run": weights_running,
 }
