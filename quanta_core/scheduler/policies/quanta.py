@@ -232,10 +232,15 @@ class QuantaPolicy(SloPolicy):
     def _held_back(self, running: Sequence[Choice]) -> set[Choice]:
         """Running requests of tenants too far ahead of the lowest counter among their
         class's tenants running now (``shares``): batch always, interactive streams only
-        where they still meet the inter-token target."""
+        where they still meet the inter-token target, and only between prefills: a step
+        that may carry a prefill chunk may last the whole target, and a stream that sat
+        out the one before it would miss it."""
         held: set[Choice] = set()
         step_s = self.cost.decode_step_s(max(len(running), 1), mean_context(running))
+        decode_only = len(self.queue) == 0 and not any(_prefilling(r) for r in running)
         for cls, itl in ((_BATCH, None), (_INTERACTIVE, self._itl_target)):
+            if cls is _INTERACTIVE and not decode_only:
+                break
             mine = [r for r in running if r.slo_class is cls]
             counter = self.counters[cls].counter
             ranks = {r.tenant: counter.get(r.tenant, 0.0) for r in mine}

@@ -5,7 +5,8 @@ step whatever its weight (two tenants of weights 1 and 2, all streams running, s
 1 : 1). So, step by step, a tenant whose counter leads the lowest counter of its class's
 running tenants by more than ``lag`` weighted tokens sits out: batch always (it has no
 inter-token target), an interactive stream only where its next token, one step later,
-still comes within the inter-token target of its last one (that target comes first).
+still comes within the inter-token target of its last one (that target comes first; the
+policy asks only in steps that carry no prefill, whose length it knows).
 """
 
 from __future__ import annotations
