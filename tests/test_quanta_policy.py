@@ -689,3 +689,24 @@ def test_a_long_batch_prompt_is_chunked_beside_interactive_streams_and_yields_to
     chunk = {s.owner: len(s.tokens) for s in plan.slices}
     assert chunk.get("late/0", 0) > 1
     assert chunk.get("late/0", 0) >= chunk.get("job/0", 0)
+
+
+def test_the_first_token_target_grows_with_the_prompts_own_prefill() -> None:
+    """A prompt that takes ~1.5 s to prefill alone arrives behind a short one: its first
+    token ~2.2 s out. Its target is twice its own prefill (3 s), not the 2 s a 30-token
+    prompt gets, so it is admitted (the old step at 2 s refused it: it would have had to
+    come within 0.5 s of its own prefill time)."""
+    cfg = SloConfig(burst_window_s=0.0, load_window_s=INSTANT, load_min_s=INSTANT)
+    cost = StepCostModel(cfg)
+    n = next(n for n in range(16, 2000) if cost.at_mean().prefill_s(n, 0, 512) > 1.5)
+    h = Harness.make(
+        FakeExecutor(n_ctx=8192, n_seq_max=8, n_vocab=32_000), policy="quanta", slo=cfg
+    )
+    h.submit("short", prompt(100, base=10), max_tokens=8, slo_class=INTER)
+    h.submit("mid", prompt(n, base=1000), max_tokens=8, slo_class=INTER)
+    mid = h.results().get(("mid", 0))
+    assert mid is None  # admitted: not finished at once
+    h.run()
+    done = h.results()[("mid", 0)]
+    assert done.finish_reason is FinishReason.LENGTH
+    assert done.timings.ttft_estimate_s is not None and done.timings.ttft_estimate_s > 2.0

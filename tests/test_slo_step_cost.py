@@ -225,3 +225,12 @@ def test_attention_is_learnt_and_prices_long_prompts_as_well_as_short() -> None:
         assert mean.prefill_s(n, 0, 128) == pytest.approx(truth(n), rel=0.15)
     flat_err = [flat.at_mean().prefill_s(n, 0, 128) / truth(n) for n in (128, 7600)]
     assert max(flat_err) > 1.5 or min(flat_err) < 1 / 1.5
+
+
+def test_the_running_set_under_a_target_shrinks_as_contexts_grow() -> None:
+    # Each decode attends over its own sequence's cells: at 4,000 cells a stream costs
+    # ~4 ms more a step (the prior), so fewer fit the inter-token target than at 100.
+    cost = StepCostModel(SloConfig())
+    short, long = cost.max_seqs(TARGET, 64, 100.0), cost.max_seqs(TARGET, 64, 4000.0)
+    assert long < short
+    assert cost.decode_step_s(long, 4000.0) <= TARGET < cost.decode_step_s(long + 1, 4000.0)
