@@ -7,7 +7,10 @@
                  3/4 of what it serves, by the simulator), scaled by this machine's speed
                  now (the reference probe's time, measured before each round)
     weights-run  two interactive tenants, weights 1 : 2, 12 closed-loop users each (64 + 48
-                 tokens), 60 s: every stream fits the running set at once
+                 tokens), 60 s: every stream fits the running set at once (on a GPU; on the
+                 2-core CPU 24 streams outgrow it and the users, who resend at once when
+                 refused, never wait their retry-after)
+    weights-8    the same with 4 users each: all streams run at once on the 2-core CPU
 
 Each is run against a fresh server per ``--code`` tree (the checkout whose ``app.cli`` is
 started: compare a branch with its base in turns on the same machine), with one KV stream
@@ -53,9 +56,9 @@ def coding(rate: float = CODING_RATE) -> Scenario:
     return Scenario("coding", spec, n_ctx=N_CTX)
 
 
-def weights_running() -> Scenario:
+def weights_running(users: int = 12) -> Scenario:
     tenants = tuple(
-        TenantSpec(name, weight=w, prompt=fixed(64), output=fixed(48), users=12)
+        TenantSpec(name, weight=w, prompt=fixed(64), output=fixed(48), users=users)
         for name, w in (("one", 1.0), ("two", 2.0))
     )
     spec = WorkloadSpec(
@@ -63,7 +66,7 @@ def weights_running() -> Scenario:
         tenants,
         seed=11,
         requests=4000,
-        users=24,
+        users=2 * users,
         duration_s=60.0,
         targets=TARGETS,
         window_s=10.0,
@@ -77,6 +80,7 @@ SCENARIOS = {
     "burst-7k": lambda: burst("burst-7k", 2, 7600, 64),
     "coding": coding,
     "weights-run": weights_running,
+    "weights-8": lambda: weights_running(4),  # 4 + 4 users: all fit this CPU's running set
 }
 
 

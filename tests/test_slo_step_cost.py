@@ -193,13 +193,13 @@ def test_a_slower_engine_than_the_prior_learns_a_smaller_running_count() -> None
     assert max(slow_counts[60:]) <= 5
 
 
-def test_attention_is_learnt_and_prices_long_prompts_as_well_as_short() -> None:
-    """An engine whose step pays ~1.5 ms per thousand attended pairs (a stream per
-    sequence: each token attends over its own cells). The model learns from prefill chunks
-    of prompts up to 2,000 tokens and decodes beside them, then prices a whole 7,600-token
-    prompt and a 128-token one within 15 % of what they cost: a line in tokens alone, fitted
-    to the same steps, is off several times at one end or the other."""
-    base, seq, tok, attn = 0.006, 0.011, 0.006, 0.0015
+def test_attention_is_priced_and_long_prompts_cost_as_much_as_short_ones() -> None:
+    """An engine whose step pays the configured price per thousand attended pairs (a
+    stream per sequence: each token attends over its own cells) on a line of its own. The
+    model learns the line from prefill chunks of prompts up to 2,000 tokens and decodes
+    beside them, then prices a whole 7,600-token prompt and a 128-token one within 15 % of
+    what they cost: a line in tokens alone, fitted to the same steps, is off at one end."""
+    base, seq, tok, attn = 0.004, 0.009, 0.005, SloConfig().step_attn_s
 
     def engine(n_seqs: int, n_tokens: int, pairs_k: float) -> float:
         return base + seq * n_seqs + tok * (n_tokens - n_seqs) + attn * pairs_k

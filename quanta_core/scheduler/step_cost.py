@@ -10,7 +10,11 @@ and a decode at context c attends c. At short contexts it is nothing; at real pr
 lengths it is most of the step (a 7,600-token prompt attends ~29 million pairs, as many
 seconds again as its per-token cost on the reference CPU), and a line without it prices a
 long prompt's first token several times too early, or, having learnt from long ones, a
-short one too late.
+short one too late. Its price is the configured one (``step_attn_s``, a calibration's),
+not learnt: in served steps the pairs move with the sequences and the tokens (decodes at
+one context, chunks of one size), and a fourth coefficient learnt from them on a busy
+machine ran far above its price and dragged the intercept with it. The line learns what
+is left once attention is taken out.
 
 Why this shape. A decode-only step and a step carrying a prefill chunk cost different things:
 every sequence pays a per-sequence term (its sampled row, its attention), every prompt token
@@ -49,11 +53,10 @@ from quanta_core.scheduler.slo import SloConfig
 
 Vec = tuple[float, float, float, float]
 Mat = list[list[float]]
-_N = 4
+_N = 3  # the coefficients learnt: base, per sequence, per token
 
-# A typical step's features (1, sequences, extra tokens, thousand attended pairs: 8 streams
-# and a 32-token chunk at ~600 cells of context): the scale the prior's weight is in.
-_PRIOR_SCALE = (1.0, 8.0, 32.0, 24.0)
+# A typical step's features (1, sequences, extra tokens): the scale the prior's weight is in.
+_PRIOR_SCALE = (1.0, 8.0, 32.0)
 
 
 def _features(n_seqs: int, n_tokens: int, pairs_k: float = 0.0) -> Vec:
@@ -66,8 +69,8 @@ def attended_k(start: int, n_tokens: int) -> float:
     return (n_tokens * start + n_tokens * (n_tokens + 1) / 2) / 1000.0
 
 
-def _solve(a: Mat, b: list[float]) -> Vec | None:
-    """``a x = b`` for 4x4 ``a`` by Gaussian elimination with partial pivoting."""
+def _solve(a: Mat, b: list[float]) -> tuple[float, float, float] | None:
+    """``a x = b`` for 3x3 ``a`` by Gaussian elimination with partial pivoting."""
     m = [[*row, b[i]] for i, row in enumerate(a)]
     for col in range(_N):
         pivot = max(range(col, _N), key=lambda r: abs(m[r][col]))
@@ -81,7 +84,7 @@ def _solve(a: Mat, b: list[float]) -> Vec | None:
     x = [0.0] * _N
     for r in range(_N - 1, -1, -1):
         x[r] = (m[r][_N] - sum(m[r][c] * x[c] for c in range(r + 1, _N))) / m[r][r]
-    return (x[0], x[1], x[2], x[3])
+    return (x[0], x[1], x[2])
 
 
 class StepCostModel:
@@ -130,6 +133,7 @@ class StepCostModel:
             return
         x = _features(n_seqs, n_tokens, pairs_k)
         ratio = seconds / max(self.mean(n_seqs, n_tokens, pairs_k), 1e-9)
+        learnt = seconds - self.theta[3] * x[3]  # what the line is to explain
         if len(self._ratios) == self._ratios.maxlen:
             del self._ranked[bisect_left(self._ranked, self._ratios[0])]  # the one that drops out
         self._ratios.append(ratio)
@@ -139,7 +143,7 @@ class StepCostModel:
             self._b[i] *= lam
             for j in range(_N):
                 self._a[i][j] *= lam
-        self._add(self._a, self._b, x, seconds, 1.0)
+        self._add(self._a, self._b, x, learnt, 1.0)
         self._refit()
 
     def _refit(self) -> None:
@@ -147,11 +151,10 @@ class StepCostModel:
         b = [self._b0[i] + self._b[i] for i in range(_N)]
         theta = _solve(a, b)
         if theta is not None:
-            # A step never gets cheaper with more sequences, tokens or context: keep the
-            # slopes positive (a noisy window can tilt the plane), the intercept and the
-            # attention term non-negative.
-            base, seq, tok, attn = theta
-            self.theta = (max(base, 0.0), max(seq, 1e-6), max(tok, 1e-6), max(attn, 0.0))
+            # A step never gets cheaper with more sequences or tokens: keep the slopes
+            # positive (a noisy window can tilt the plane), the intercept non-negative.
+            base, seq, tok = theta
+            self.theta = (max(base, 0.0), max(seq, 1e-6), max(tok, 1e-6), self.theta[3])
         ranked = self._ranked
         k = min(int(self.quantile * len(ranked)), len(ranked) - 1)
         self.margin = max(ranked[k], 1.0)
