@@ -1,14 +1,18 @@
-"""Offered load: the engine-seconds of interactive work that arrived lately, per second.
+"""Admitted load: the engine-seconds of interactive work let in lately, per second.
 
 Refusing a request whose first token the projection puts past its target is honest under
 sustained overload, where a queue only grows. Below capacity it is not: traffic of mixed
 prompt lengths (a coding assistant's: 30 to 4,000 tokens) comes in clumps, and a clump
 behind a long prompt projects past the target although the queue drains a minute later. So
-the policy refuses on the target only while the work offered over the last ``window_s``
-(each arrival priced alone on the step-cost model: its prefill and its answer's share of
-the decode steps) exceeds the time it came in; below that, it queues.
+the policy refuses on the target only while the work admitted over the last ``window_s``,
+with the arrival's own (each priced alone on the step-cost model: its prefill and its
+answer's share of the decode steps), would exceed the time it came in; below that, it
+queues. Refused work is not counted: a client that sends again at once when refused
+(a closed loop that ignores retry-after) would else read as an overload of its own
+making and be refused for good; under a real overload the admitted work alone reaches
+the engine's capacity within ``min_s`` and the target bounds the rest.
 
-    load(t) = sum(work of arrivals in (t - window_s, t]) / max(min(t - first, window_s), min_s)
+    load(t) = sum(work admitted in (t - window_s, t]) / max(min(t - first, window_s), min_s)
 
 ``min_s`` keeps the first arrivals from reading as overload (a burst on an idle machine is
 the calm-burst rule's) and a lone arrival from reading as idle.
@@ -36,13 +40,13 @@ class OfferedLoad:
         self._sum += work_s
         self._expire(now)
 
-    def load(self, now: float) -> float:
-        """Work offered per second over the window (1: as much as the engine serves)."""
+    def load(self, now: float, extra_s: float = 0.0) -> float:
+        """Work per second over the window (1: as much as the engine serves), with
+        ``extra_s`` more arriving now."""
         self._expire(now)
-        if self._first is None:
-            return 0.0
-        span = max(min(now - self._first, self.window_s), self.min_s)
-        return self._sum / span
+        first = now if self._first is None else self._first
+        span = max(min(now - first, self.window_s), self.min_s)
+        return (self._sum + extra_s) / span
 
     def _expire(self, now: float) -> None:
         while self._arrivals and self._arrivals[0][0] <= now - self.window_s:

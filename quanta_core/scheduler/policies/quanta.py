@@ -19,7 +19,7 @@ admission that answers at once) with these rules changed or added:
   ``defers``), and admission projects a new request among them in that order
   (``promises.edf_first``): a short prompt goes ahead of a long prefill in progress where
   that makes neither late, instead of being refused behind all of it.
-- Refusal on the target holds only over capacity: while the interactive work offered over
+- Refusal on the target holds only over capacity: while the interactive work admitted over
   the last ``load_window_s`` (each arrival priced alone, ``load``) is under what the engine
   serves in that time, a request late in the projection is queued as a calm burst is
   (``burst_grace``). Traffic of mixed lengths comes in clumps that project late and drain
@@ -322,6 +322,7 @@ class QuantaPolicy(SloPolicy):
     ) -> AdmissionVerdict:
         x = choices[0]
         cls = x.slo_class
+        work = 0.0
         context = mean_context(running)
         cap = self._itl_cap = self.running_cap(base, context=context)
         self._limits_base = base
@@ -334,7 +335,8 @@ class QuantaPolicy(SloPolicy):
             ahead = [r for r in running if r.slo_class is _INTERACTIVE]  # batch yields
             self._note_calm(x.arrival, ahead)
             burst = x.arrival - self._calm_at < self.config.burst_window_s
-            below = self._below_capacity(choices)
+            work = self._work_s(choices)
+            below = self.load.load(x.arrival, work) < 1.0
             grace = self.config.burst_grace * self.config.interactive_ttft_s
             self.admission.ttft_grace_s = grace if burst or below else 0.0
             self.admission.est.full_budget_prefill = burst
@@ -347,6 +349,8 @@ class QuantaPolicy(SloPolicy):
         if verdict.reason is not None and cls is _INTERACTIVE:
             self._refused_at = x.arrival
         if verdict.reason is None:
+            if cls is _INTERACTIVE:
+                self.load.add(x.arrival, work)
             for r in choices:
                 self.counters[cls].join(r)
                 r.ttft_estimate = self.admission.last_estimate
@@ -354,17 +358,16 @@ class QuantaPolicy(SloPolicy):
                     self._burst.add(r)
         return verdict
 
-    def _below_capacity(self, choices: Sequence[Choice]) -> bool:
-        """Add ``choices`` to the offered interactive load; is it below what the engine
-        serves (``load``)? Each is priced alone: its prefill, and its expected tokens at
-        what a stream adds to a decode step (the step's own cost is shared)."""
+    def _work_s(self, choices: Sequence[Choice]) -> float:
+        """The engine-seconds ``choices`` add to the interactive load (``load``), each
+        priced alone: its prefill, and its expected tokens at what a stream adds to a
+        decode step (the step's own cost is shared)."""
         x = choices[0]
         _, per_seq, _, per_pair = self._mean.model.theta
         left = self.admission.est.outputs_left(x)
         work = self.admission.est.alone_prefill_s(x, self._limits_base.token_budget)
         work += left * (per_seq + per_pair * (x.num_tokens + left / 2) / 1000)
-        self.load.add(x.arrival, work * len(choices))
-        return self.load.load(x.arrival) < 1.0
+        return work * len(choices)
 
     def begin_cycle(self, running: Collection[Choice], now: float) -> None:
         super().begin_cycle(running, now)
