@@ -26,6 +26,7 @@ import argparse
 import json
 import math
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from app.lab.bench.scenarios import TARGETS, Scenario
@@ -74,7 +75,7 @@ def weights_running(users: int = 12) -> Scenario:
     return Scenario("weights", spec, n_ctx=N_CTX)
 
 
-SCENARIOS = {
+SCENARIOS: dict[str, Callable[[], Scenario]] = {
     "burst-1k": lambda: burst("burst-1k", 8, 1000, 128),
     "burst-3k": lambda: burst("burst-3k", 4, 3000, 128),
     "burst-7k": lambda: burst("burst-7k", 2, 7600, 64),
