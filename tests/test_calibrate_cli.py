@@ -19,6 +19,7 @@ from app.lab.calibrate.command import calibrate
 from app.lab.calibrate.grid import (
     FULL,
     QUICK,
+    STREAMS,
     GridRunner,
     GridSpec,
     Kind,
@@ -80,7 +81,29 @@ class Record:
 @pytest.mark.parametrize("spec", [FULL, QUICK])
 def test_grid_exercises_every_group(spec: GridSpec) -> None:
     kinds = Counter(p.kind for p in build_grid(spec, 8192, 64, 512, 128))
-    assert set(kinds) == set(Kind)
+    assert set(kinds) == set(Kind) - {Kind.DEEP}  # one buffer: no deep mixed points
+
+
+def test_the_streams_grid_reaches_a_streams_cells_with_1_to_16_sequences() -> None:
+    # 16 streams of 4,096 cells (QUANTA_N_CTX=65536, QUANTA_N_SEQ_MAX=16), budget 128.
+    grid = build_grid(STREAMS, 65536, 16, 512, 128, stream_cells=4096)
+    assert set(p.kind for p in grid) == set(Kind)
+    decodes = {(p.context, p.batch) for p in grid if p.kind is Kind.DECODE and not p.idle}
+    assert {(1024, b) for b in (1, 2, 4, 8, 16)} <= decodes
+    assert {(c, b) for c in (3072, 3968) for b in (1, 2, 4)} <= decodes
+    assert (3072, 8) not in decodes  # 24k cells held: over max_held, the fills' bound
+    deep = {(p.batch, p.context, p.chunk) for p in grid if p.kind is Kind.DEEP}
+    assert deep == {(4, 64, 125), (8, 64, 121), (16, 64, 113), (4, 1024, 125)} | {
+        (8, 1024, 121),
+        (16, 1024, 113),
+        (4, 3072, 125),
+        (4, 3968, 125),
+    }
+    prefills = {(p.context, p.chunk) for p in grid if p.kind is Kind.PREFILL}
+    assert (3840, 256) in prefills and (3072, 256) in prefills
+    for p in grid:  # every step's cells fit its sequence's stream
+        assert p.context + max(p.chunk, 1) <= 4096
+        assert p.batch * p.context <= STREAMS.max_held
 
 
 def test_grid_fits_a_small_engine_and_runs_context_by_context() -> None:
