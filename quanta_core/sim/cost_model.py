@@ -11,7 +11,8 @@
            + per_stash * stashed tokens  + per_restore * restored tokens
            + per_idle_kv      * idle KV cells / 1000
            + per_batch_idle   * batch tokens * idle KV cells / 1e6
-           + per_stream_kv    * sum over micro-batches of tokens * n_kv / 1e6   (streams)
+           + per_stream_read  * sum over micro-batches of sequences * n_kv / 1000  (streams)
+           + per_stream_kv    * sum over micro-batches of tokens * n_kv / 1e6      (streams)
            + per_extra_pass   * micro-batches beyond the first
 
 What each term stands for on llama.cpp's CPU backend:
@@ -46,12 +47,14 @@ What each term stands for on llama.cpp's CPU backend:
                     together, the batch's interleave), not free: beside 2,048 idle cells a
                     decode of 1 sequence took 16 % longer, of 16 sequences 7 %
                     (scripts/bench_cached_cells.py).
-  per_stream_kv     with a KV stream per sequence (``kv_unified=False``) each micro-batch's
-                    tokens span ``n_kv`` cells of their own streams: the longest of its
-                    sequences once the micro-batch is in, padded to 256, at least 256, at
-                    most a stream (llama.cpp's ``get_n_kv``). The other sequences' streams are
-                    not in the step's views, so the unified terms above (batch x the batch's
-                    cells, the idle cells) are 0 in this layout.
+  per_stream_read   with a KV stream per sequence (``kv_unified=False``) a micro-batch
+  per_stream_kv     spans ``n_kv`` cells of each of its sequences' streams: the longest of
+                    them once the micro-batch is in, padded to 256, at least 256, at most a
+                    stream (llama.cpp's ``get_n_kv``). Reading those cells costs per
+                    sequence (a decode's attention: memory, on a GPU most of it), scoring
+                    them per token (a prompt chunk's, masked or not). The other sequences'
+                    streams are not in the step's views: the unified terms above (batch x
+                    the batch's cells, the idle cells) are 0 in this layout.
   per_extra_pass    llama.cpp splits a step into micro-batches and runs a forward pass for
                     each: at most ``n_ubatch`` tokens a pass in one buffer; with streams an
                     equal number of tokens from each sequence of a run of *consecutive*
@@ -108,7 +111,9 @@ class StepFeatures(NamedTuple):
     # Of the prefill tokens, the last of each chunk that samples (last, so that a step
     # trace or samples file written before it loads with 0).
     sampled_chunks: int = 0
-    # Streams only: each micro-batch's tokens x its n_kv, summed, in millions.
+    # Streams only: each micro-batch's sequences x its n_kv, in thousands; tokens x n_kv,
+    # in millions; summed over the micro-batches.
+    stream_read_k: float = 0.0
     stream_kv_m: float = 0.0
     extra_passes: int = 0  # micro-batches (forward passes) beyond the first
 
@@ -127,6 +132,7 @@ class StepFeatures(NamedTuple):
             float(self.restore_tokens),
             self.idle_k,
             self.batch_idle_m,
+            self.stream_read_k,
             self.stream_kv_m,
             float(self.extra_passes),
         )
@@ -145,6 +151,7 @@ COEFFICIENTS = (
     "per_restore",
     "per_idle_kv",
     "per_batch_idle",
+    "per_stream_read",
     "per_stream_kv",
     "per_extra_pass",
 )
@@ -173,14 +180,6 @@ class KvLayout:
         if info.kv_unified:
             return cls(True, 0, n_ubatch)
         return cls(False, info.n_ctx // max(info.n_seq_max, 1), n_ubatch)
-
-    @classmethod
-    def of_meta(cls, meta: Mapping[str, Any]) -> KvLayout:
-        """The layout a cost model's calibration ran (its ``meta``); unified where unsaid."""
-        n_ubatch = int(meta.get("n_ubatch", 512))
-        if meta.get("kv_unified", True):
-            return cls(True, 0, n_ubatch)
-        return cls(False, int(meta["n_ctx"]) // max(int(meta["n_seq_max"]), 1), n_ubatch)
 
     def n_kv(self, held: int) -> int:
         """The cells a stream holding ``held`` tokens spans: padded, within the stream."""
@@ -217,22 +216,27 @@ def micro_batches(slices: Sequence[tuple[int, int]], n_ubatch: int) -> list[list
     return out
 
 
-def stream_terms(slices: Sequence[tuple[int, int, int]], layout: KvLayout) -> tuple[float, int]:
-    """``(stream_kv_m, extra_passes)`` of a batch of (sequence, start, tokens) slices in
-    batch order. In one buffer: no stream term, a pass per ``n_ubatch`` tokens."""
+def stream_terms(
+    slices: Sequence[tuple[int, int, int]], layout: KvLayout
+) -> tuple[float, float, int]:
+    """``(stream_read_k, stream_kv_m, extra_passes)`` of a batch of (sequence, start,
+    tokens) slices in batch order. In one buffer: no stream terms, a pass per ``n_ubatch``
+    tokens."""
     if layout.unified:
         tokens = sum(n for _, _, n in slices)
-        return 0.0, max(0, -(-tokens // layout.n_ubatch) - 1)
+        return 0.0, 0.0, max(0, -(-tokens // layout.n_ubatch) - 1)
     held = {seq: start for seq, start, _ in slices}
-    span = 0
+    read = span = 0
     batches = micro_batches([(seq, n) for seq, _, n in slices], layout.n_ubatch)
     for mb in batches:
         longest = 0
         for seq, n in mb:
             held[seq] += n
             longest = max(longest, held[seq])
-        span += sum(n for _, n in mb) * layout.n_kv(longest)
-    return span / 1e6, len(batches) - 1
+        n_kv = layout.n_kv(longest)
+        read += len(mb) * n_kv
+        span += sum(n for _, n in mb) * n_kv
+    return read / 1000.0, span / 1e6, len(batches) - 1
 
 
 def attended_pairs(start_pos: int, n_tokens: int) -> int:
@@ -270,7 +274,7 @@ def features_of(
         held += start + n
         held_before += lengths.get(s.seq, 0)
     batch = decode + prefill
-    stream_kv, extra = _stream_terms_of(slices, layout, batch)
+    stream_read, stream_kv, extra = _stream_terms_of(slices, layout, batch)
     if layout.unified:
         idle = sum(lengths.values()) - held_before if batch else 0
         batch_kv = batch * held / 1e6
@@ -291,15 +295,18 @@ def features_of(
             idle / 1000.0,  # idle_k
             batch * idle / 1e6,  # batch_idle_m
             sampled,  # sampled_chunks
+            stream_read,  # stream_read_k
             stream_kv,  # stream_kv_m
             extra,  # extra_passes
         )
     )
 
 
-def _stream_terms_of(slices: Sequence[SeqSlice], layout: KvLayout, batch: int) -> tuple[float, int]:
+def _stream_terms_of(
+    slices: Sequence[SeqSlice], layout: KvLayout, batch: int
+) -> tuple[float, float, int]:
     if layout.unified:  # most steps fit one pass: no list built
-        return 0.0, max(0, -(-batch // layout.n_ubatch) - 1) if batch else 0
+        return 0.0, 0.0, max(0, -(-batch // layout.n_ubatch) - 1) if batch else 0
     return stream_terms([(s.seq, s.start_pos, len(s.tokens)) for s in slices], layout)
 
 
@@ -324,6 +331,7 @@ def steady_features(n_decode: int, chunk: int, pairs: int, held: int, idle: int)
             batch * idle / 1e6,
             0,  # a steady run's chunk does not sample
             0.0,  # one buffer (a stream per sequence is priced step by step)
+            0.0,
             0,
         )
     )
@@ -342,6 +350,7 @@ class CostModel:
     per_restore: float = 0.0
     per_idle_kv: float = 0.0
     per_batch_idle: float = 0.0
+    per_stream_read: float = 0.0
     per_stream_kv: float = 0.0
     per_extra_pass: float = 0.0
     # How it was measured: model, machine, threads, grid, the fit's error. Free-form, kept.
@@ -362,15 +371,11 @@ class CostModel:
                 + self.per_kv_held * f.kv_held_k
                 + self.per_idle_kv * f.idle_k
                 + self.per_batch_idle * f.batch_idle_m
+                + self.per_stream_read * f.stream_read_k
                 + self.per_stream_kv * f.stream_kv_m
                 + self.per_extra_pass * f.extra_passes
             )
         return max(0.0, seconds)
-
-    @property
-    def layout(self) -> KvLayout:
-        """The KV layout its calibration's engine ran (``meta``)."""
-        return KvLayout.of_meta(self.meta)
 
     def steady_pricer(self, n_decode: int, chunk: int) -> Callable[[int, int, int], float]:
         """``pricer(pairs, held, idle)``: ``predict(steady_features(n_decode, chunk, pairs,

@@ -41,6 +41,7 @@ from quanta_core.engine.types import (
 )
 from quanta_core.sim.cost_model import (
     CostModel,
+    KvLayout,
     StepFeatures,
     features_of,
     stream_terms,
@@ -59,9 +60,9 @@ class SimExecutor:
     ) -> None:
         self._info = info
         self.cost_model = cost_model
-        # The model's calibration ran an engine of the same layout as ``info`` (run.py's
-        # sim_engine_info takes it from the model), and its micro-batch size.
-        self.layout = cost_model.layout
+        # ``info``'s layout (run.py's sim_engine_info takes it from the model's calibration:
+        # a model prices one layout) and the calibration's micro-batch size.
+        self.layout = KvLayout.of(info, int(cost_model.meta.get("n_ubatch", 512)))
         self._speed = speed
         self._mirror = KvMirror.for_engine(info)
         # Prompts were checked at submit and every sampled token is in range (see sample).
@@ -158,7 +159,7 @@ class SimExecutor:
             slices = list(zip(seqs, starts, sizes, strict=True))
             pairs = sum(n * p + n * (n + 1) // 2 for _, p, n in slices)
             held = sum(p + n for _, p, n in slices)
-            stream_kv, extra = stream_terms(slices, self.layout)
+            read, stream_kv, extra = stream_terms(slices, self.layout)
             f = StepFeatures(
                 len(seqs),
                 n_decode,
@@ -166,6 +167,7 @@ class SimExecutor:
                 pairs / 1000.0,
                 0.0,
                 held / 1000.0,
+                stream_read_k=read,
                 stream_kv_m=stream_kv,
                 extra_passes=extra,
             )

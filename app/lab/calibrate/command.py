@@ -208,7 +208,7 @@ def measure_probe_alone(settings: Settings) -> ProbeResult:
             ex.step(plan)
             return time.perf_counter() - t0
 
-        return measure_probe(step, ex.info.n_vocab)
+        return measure_probe(step, ex.info.n_vocab, share=ex.info.kv_unified)
 
 
 # ---- showing it ----
