@@ -71,7 +71,8 @@ they existed) loads with them at 0, and predicts as it did.
 Which layout a model prices is its calibration's engine (``meta["kv_unified"]``); the
 features are counted for a ``KvLayout``, and a simulated engine takes the model's.
 
-The file (``config/cost_models/<model>__<machine>.json``) is the coefficients plus how they
+The file (``config/cost_models/<model>__<machine>.json``, ``...__streams.json`` for a stream
+per sequence) is the coefficients plus how they
 were measured: the model file, the machine, the threads, the fit's error, and the reference
 probe's time (``meta.probe``) that ``quanta calibrate --probe-only`` compares against.
 """

@@ -225,6 +225,7 @@ _READING = {
     "per_restore": "per restored token",
     "per_idle_kv": "per 1,000 KV cells held outside the batch",
     "per_batch_idle": "per million (batch token, idle KV cell) pairs",
+    "per_stream_read": "per 1,000 cells of the streams a micro-batch spans (n_kv each)",
     "per_stream_kv": "per million (micro-batch token, its streams' n_kv) pairs",
     "per_extra_pass": "per forward pass beyond the first (micro-batches)",
 }
