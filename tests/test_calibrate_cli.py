@@ -8,6 +8,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
+import msgspec
 import pytest
 import typer
 from typer.testing import CliRunner
@@ -19,6 +20,7 @@ from app.lab.calibrate.command import calibrate
 from app.lab.calibrate.grid import (
     FULL,
     QUICK,
+    STREAMS,
     GridRunner,
     GridSpec,
     Kind,
@@ -26,7 +28,7 @@ from app.lab.calibrate.grid import (
     build_grid,
     visit_order,
 )
-from quanta_core.engine import Restore, Stash, StepPlan
+from quanta_core.engine import CopyPrefix, EngineInfo, Restore, Stash, StepPlan
 from quanta_core.engine.fake import FakeExecutor
 from quanta_core.scheduler.config import SchedulerConfig
 from quanta_core.sim.cost_model import CostModel, StepFeatures
@@ -80,23 +82,28 @@ class Record:
 @pytest.mark.parametrize("spec", [FULL, QUICK])
 def test_grid_exercises_every_group(spec: GridSpec) -> None:
     kinds = Counter(p.kind for p in build_grid(spec, 8192, 64, 512, 128))
-    assert set(kinds) == set(Kind)
+    assert set(kinds) == set(Kind) - {Kind.DEEP}  # one buffer: no deep mixed points
 
 
-def test_grid_fits_a_small_engine_and_runs_context_by_context() -> None:
-    n_ctx, n_seq_max, n_batch, budget = 2048, 8, 128, 64
-    grid = build_grid(FULL, n_ctx, n_seq_max, n_batch, budget)
-    room = n_ctx - n_batch
-    assert grid
-    for p in grid:
-        assert p.batch * p.context <= room
-        assert p.batch <= n_seq_max
-        assert p.chunk <= n_batch
-        if p.kind is Kind.MIXED:
-            assert p.batch < n_seq_max  # one more sequence for the chunk
-            assert p.batch + p.chunk == budget
-    keys = [(p.context, p.batch) for p in grid]
-    assert keys == sorted(keys)
+def test_the_streams_grid_reaches_long_contexts_with_1_to_8_sequences() -> None:
+    # 16 streams of 4,096 cells (QUANTA_N_CTX=65536, QUANTA_N_SEQ_MAX=16), budget 128.
+    grid = build_grid(STREAMS, 65536, 16, 512, 128, stream_cells=4096)
+    assert set(p.kind for p in grid) == set(Kind)
+    decodes = {(p.context, p.batch) for p in grid if p.kind is Kind.DECODE and not p.idle}
+    assert {(1024, b) for b in (1, 2, 4, 8)} | {(3072, b) for b in (1, 2, 4)} <= decodes
+    assert (3072, 8) not in decodes  # 24k cells held: over max_held, the fills' bound
+    deep = {(p.batch, p.context, p.chunk) for p in grid if p.kind is Kind.DEEP}
+    assert deep == {(4, 64, 125), (8, 64, 121), (4, 1024, 125), (8, 1024, 121), (4, 3072, 125)}
+    prefills = {(p.context, p.chunk) for p in grid if p.kind is Kind.PREFILL}
+    assert {(3072, 16), (3072, 128), (3072, 256)} <= prefills
+    idle = {(p.batch, p.idle) for p in grid if p.idle}
+    assert idle == {(1, 1000), (4, 1000)}
+    for p in grid:  # every step's cells fit its sequence's stream
+        assert p.context + max(p.chunk, 1) <= 4096
+        assert p.batch * p.context <= STREAMS.max_held
+    # in a stream of 2,048 cells the 3k points do not fit
+    small = build_grid(STREAMS, 16 * 2048, 16, 512, 128, stream_cells=2048)
+    assert max(p.context + max(p.chunk, 1) for p in small) <= 2048
 
 
 # ---- the runner, on the fake executor ----
@@ -551,3 +558,67 @@ def test_mixed_points_also_take_the_shorter_chunks_the_spec_names() -> None:
     # beside 4 decodes, a budget of 64: its rest (60) and the named chunk shorter than that
     assert {(p.batch, p.chunk) for p in mixed if p.context == 32} == {(4, 16), (4, 60)}
     assert "mixed 4 at 32 + 16" in {p.label for p in mixed}
+
+
+# ---- a KV stream per sequence ----
+
+
+class StreamsFake(FakeExecutor):
+    """The fake engine, reporting a KV stream per sequence (``kv_unified=False``)."""
+
+    @property
+    def info(self) -> EngineInfo:
+        return msgspec.structs.replace(super().info, kv_unified=False)
+
+
+def test_a_deep_mixed_point_appends_a_chunk_to_the_last_sequence_beside_the_decodes() -> None:
+    ex = StreamsFake(n_ctx=16 * 1024, n_seq_max=16, n_batch=512)
+    runner = GridRunner(ex)
+    point = Point(Kind.DEEP, 4, 300, 125)
+    assert point.label == "mixed 3 at 300 + 125 at 300"
+    runner.run([point])
+    timed = [s for s in runner.samples if s.point == point.label]
+    assert len(timed) == 2 and [s.warmup for s in timed] == [True, False]
+    plan = next(p for p in ex.steps if p.slices and len(p.slices) == 4)
+    assert [(s.seq, s.start_pos, len(s.tokens)) for s in plan.slices] == [
+        (0, 300, 1),
+        (1, 300, 1),
+        (2, 300, 1),
+        (3, 300, 125),
+    ]
+    f = timed[1].features
+    assert (f.decode_tokens, f.prefill_tokens) == (3, 125)
+    # a token of each of 0..3 over n_kv 512 (301 cells), then seq 3's other 124 over 512
+    assert f.extra_passes == 1
+    assert f.stream_read_k == pytest.approx((4 * 512 + 512) / 1000)
+    assert f.stream_kv_m == pytest.approx((4 * 512 + 124 * 512) / 1e6)
+    assert f.batch_kv_m == 0.0
+    assert ex.memory_stats().sequences == ()
+
+
+def test_the_probe_with_streams_prefills_the_others_and_times_the_same_work() -> None:
+    shared, own = FakeExecutor(n_ctx=4096, n_seq_max=16), StreamsFake(n_ctx=4096, n_seq_max=16)
+
+    def stepper(ex: FakeExecutor):  # type: ignore[no-untyped-def]
+        def step(plan: StepPlan) -> float:
+            ex.step(plan)
+            return 0.001 * plan.num_tokens + 0.002 * bool(plan.slices)
+
+        return step
+
+    a = probe.measure_probe(stepper(shared), shared.info.n_vocab)
+    b = probe.measure_probe(stepper(own), own.info.n_vocab, share=False)
+    assert not any(isinstance(op, CopyPrefix) for p in own.steps for op in p.kv_ops)
+    fills = [p for p in own.steps if p.slices and all(s.start_pos == 0 for s in p.slices)]
+    others = [[s.seq for s in p.slices] for p in fills if p.slices[0].seq != 0]
+    assert others == [[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12], [13, 14, 15]]
+    # the timed steps are the shared probe's, token for token
+    timed = [p for p in own.steps if p.slices and not (p in fills and p.slices[0].seq != 0)]
+    assert timed == [p for p in shared.steps if p.slices]
+    assert a.parts == b.parts
+    assert own.memory_stats().sequences == ()
+
+
+def test_a_stream_layouts_cost_model_is_named_apart() -> None:
+    assert cal.default_out("m", "2cpu-x").name == "m__2cpu-x.json"
+    assert cal.default_out("m", "2cpu-x", kv_unified=False).name == "m__2cpu-x__streams.json"

@@ -180,8 +180,8 @@ def test_scaled_multiplies_every_prediction_and_records_the_factor() -> None:
 
 
 def test_cost_model_json_round_trip(tmp_path: Path) -> None:
-    model = CostModel(*(k / 1000 for k in range(1, 12)), meta={"machine": "m"})
-    assert tuple(model.coefficients().values()) == tuple(k / 1000 for k in range(1, 12))
+    model = CostModel(*(k / 1000 for k in range(1, 15)), meta={"machine": "m"})
+    assert tuple(model.coefficients().values()) == tuple(k / 1000 for k in range(1, 15))
     path = tmp_path / "sub" / "m.json"
     model.save(path)
     assert CostModel.load(path) == model
@@ -277,7 +277,13 @@ def test_a_never_exercised_feature_gets_zero() -> None:
     model = fit_cost_model(points(TRUE, grid_features(with_stash=False), noise=0.01))
     assert model.per_stash == 0.0
     assert model.per_restore == 0.0
-    assert model.meta["fit"]["unexercised"] == ["per_stash", "per_restore"]
+    assert model.meta["fit"]["unexercised"] == [
+        "per_stash",
+        "per_restore",
+        "per_stream_read",
+        "per_stream_kv",
+        "per_extra_pass",
+    ]
     assert "stash" not in model.meta["fit"]["errors"]
     assert_close(model, TRUE, 0.05, ("per_decode", "per_prefill"))
 

@@ -11,6 +11,9 @@
            + per_stash * stashed tokens  + per_restore * restored tokens
            + per_idle_kv      * idle KV cells / 1000
            + per_batch_idle   * batch tokens * idle KV cells / 1e6
+           + per_stream_read  * sum over micro-batches of sequences * n_kv / 1000  (streams)
+           + per_stream_kv    * sum over micro-batches of tokens * n_kv / 1e6      (streams)
+           + per_extra_pass   * micro-batches beyond the first
 
 What each term stands for on llama.cpp's CPU backend:
 
@@ -44,14 +47,32 @@ What each term stands for on llama.cpp's CPU backend:
                     together, the batch's interleave), not free: beside 2,048 idle cells a
                     decode of 1 sequence took 16 % longer, of 16 sequences 7 %
                     (scripts/bench_cached_cells.py).
+  per_stream_read   with a KV stream per sequence (``kv_unified=False``) a micro-batch
+  per_stream_kv     spans ``n_kv`` cells of each of its sequences' streams: the longest of
+                    them once the micro-batch is in, padded to 256, at least 256, at most a
+                    stream (llama.cpp's ``get_n_kv``). Reading those cells costs per
+                    sequence (a decode's attention: memory, on a GPU most of it), scoring
+                    them per token (a prompt chunk's, masked or not). The other sequences'
+                    streams are not in the step's views: the unified terms above (batch x
+                    the batch's cells, the idle cells) are 0 in this layout.
+  per_extra_pass    llama.cpp splits a step into micro-batches and runs a forward pass for
+                    each: at most ``n_ubatch`` tokens a pass in one buffer; with streams an
+                    equal number of tokens from each sequence of a run of *consecutive*
+                    sequence ids in batch order (``split_equal``). A mixed step is two passes
+                    there (a token of every sequence, then the rest of the chunk), and a
+                    decode of ids 0, 2, 4 three.
 
 "The batch's KV cells" are the cells its sequences hold once the batch is in; "idle cells"
 those every other sequence holds before the step (a cached prefix shared with a running
 sequence is counted with both). Every coefficient is in seconds, so the model reads as "a
-decode token costs 3 ms, ...". A file without the idle terms (fitted before they existed)
-loads with them at 0.
+decode token costs 3 ms, ...". A file without the idle or the stream terms (fitted before
+they existed) loads with them at 0, and predicts as it did.
 
-The file (``config/cost_models/<model>__<machine>.json``) is the coefficients plus how they
+Which layout a model prices is its calibration's engine (``meta["kv_unified"]``); the
+features are counted for a ``KvLayout``, and a simulated engine takes the model's.
+
+The file (``config/cost_models/<model>__<machine>.json``, ``...__streams.json`` for a stream
+per sequence) is the coefficients plus how they
 were measured: the model file, the machine, the threads, the fit's error, and the reference
 probe's time (``meta.probe``) that ``quanta calibrate --probe-only`` compares against.
 """
@@ -59,12 +80,12 @@ probe's time (``meta.probe``) that ``quanta calibrate --probe-only`` compares ag
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from quanta_core.engine.types import Restore, Stash, StepPlan
+from quanta_core.engine.types import EngineInfo, Restore, SeqSlice, Stash, StepPlan
 
 # /2: per_pass (was "intercept", paid by every step) and per_batched_pass.
 SCHEMA = "quanta.cost_model/2"
@@ -91,6 +112,11 @@ class StepFeatures(NamedTuple):
     # Of the prefill tokens, the last of each chunk that samples (last, so that a step
     # trace or samples file written before it loads with 0).
     sampled_chunks: int = 0
+    # Streams only: each micro-batch's sequences x its n_kv, in thousands; tokens x n_kv,
+    # in millions; summed over the micro-batches.
+    stream_read_k: float = 0.0
+    stream_kv_m: float = 0.0
+    extra_passes: int = 0  # micro-batches (forward passes) beyond the first
 
     def as_row(self) -> tuple[float, ...]:
         """The regressors in ``COEFFICIENTS`` order."""
@@ -107,6 +133,9 @@ class StepFeatures(NamedTuple):
             float(self.restore_tokens),
             self.idle_k,
             self.batch_idle_m,
+            self.stream_read_k,
+            self.stream_kv_m,
+            float(self.extra_passes),
         )
 
 
@@ -123,7 +152,92 @@ COEFFICIENTS = (
     "per_restore",
     "per_idle_kv",
     "per_batch_idle",
+    "per_stream_read",
+    "per_stream_kv",
+    "per_extra_pass",
 )
+
+# llama.cpp pads a step's KV span to a multiple of this (and never below it).
+KV_PAD = 256
+
+
+@dataclass(frozen=True, slots=True)
+class KvLayout:
+    """How the engine lays out its KV cells, as far as a step's price depends on it.
+
+    unified   one buffer for every sequence (``kv_unified=True``): a step spans every cell
+              in use, its own sequences' and the others'
+    streams   a stream of ``stream_cells`` cells per sequence: a micro-batch spans its own
+              sequences' streams up to the longest of them (see ``micro_batches``)
+    """
+
+    unified: bool = True
+    stream_cells: int = 0  # n_ctx / n_seq_max where not unified
+    n_ubatch: int = 512  # most tokens in one forward pass
+
+    @classmethod
+    def of(cls, info: EngineInfo, n_ubatch: int = 512) -> KvLayout:
+        n_ubatch = max(1, min(n_ubatch, info.n_batch))
+        if info.kv_unified:
+            return cls(True, 0, n_ubatch)
+        return cls(False, info.n_ctx // max(info.n_seq_max, 1), n_ubatch)
+
+    def n_kv(self, held: int) -> int:
+        """The cells a stream holding ``held`` tokens spans: padded, within the stream."""
+        padded = max(KV_PAD, -(-held // KV_PAD) * KV_PAD)
+        return min(padded, self.stream_cells) if self.stream_cells else padded
+
+
+UNIFIED = KvLayout()
+
+
+def micro_batches(slices: Sequence[tuple[int, int]], n_ubatch: int) -> list[list[tuple[int, int]]]:
+    """How llama.cpp splits a batch for a stream per sequence (``split_equal``, sequential):
+    ``slices`` are (sequence, tokens) in batch order; each micro-batch is (sequence, tokens
+    it takes) for a run of ids that rise by one in batch order, each taking the same count.
+
+        [(0, 1), (1, 1), (2, 120)]   ->  [[(0, 1), (1, 1), (2, 1)], [(2, 119)]]
+        [(0, 1), (2, 1), (4, 1)]     ->  [[(0, 1)], [(2, 1)], [(4, 1)]]
+        [(3, 1), (1, 1), (4, 1)]     ->  [[(3, 1), (4, 1)], [(1, 1)]]
+    """
+    left = [[seq, n] for seq, n in slices if n > 0]
+    out: list[list[tuple[int, int]]] = []
+    while left:
+        run: list[list[int]] = []
+        for item in left:  # a sequence's tokens are contiguous: its first unused one
+            if not run or item[0] == run[-1][0] + 1:
+                run.append(item)
+                if len(run) > n_ubatch:
+                    break
+        each = min(min(item[1] for item in run), max(1, n_ubatch // len(run)))
+        out.append([(item[0], each) for item in run])
+        for item in run:
+            item[1] -= each
+        left = [item for item in left if item[1] > 0]
+    return out
+
+
+def stream_terms(
+    slices: Sequence[tuple[int, int, int]], layout: KvLayout
+) -> tuple[float, float, int]:
+    """``(stream_read_k, stream_kv_m, extra_passes)`` of a batch of (sequence, start,
+    tokens) slices in batch order. In one buffer: no stream terms, a pass per ``n_ubatch``
+    tokens."""
+    if layout.unified:
+        tokens = sum(n for _, _, n in slices)
+        return 0.0, 0.0, max(0, -(-tokens // layout.n_ubatch) - 1)
+    held = {seq: start for seq, start, _ in slices}
+    read = span = 0
+    batches = micro_batches([(seq, n) for seq, _, n in slices], layout.n_ubatch)
+    for mb in batches:
+        longest = 0
+        for seq, n in mb:
+            held[seq] += n
+            longest = max(longest, held[seq])
+        n_kv = layout.n_kv(longest)
+        read += len(mb) * n_kv
+        span += sum(n for _, n in mb) * n_kv
+    return read / 1000.0, span / 1e6, len(batches) - 1
 
 
 def attended_pairs(start_pos: int, n_tokens: int) -> int:
@@ -134,9 +248,11 @@ def features_of(
     plan: StepPlan,
     lengths: Mapping[int, int],
     stash_lengths: Mapping[str, int],
+    layout: KvLayout = UNIFIED,
 ) -> StepFeatures:
-    """Count ``plan``'s features. ``lengths`` (tokens each sequence holds) and
-    ``stash_lengths`` (tokens each stash holds) are the state *before* the plan.
+    """Count ``plan``'s features on an engine of ``layout``. ``lengths`` (tokens each
+    sequence holds) and ``stash_lengths`` (tokens each stash holds) are the state *before*
+    the plan.
 
     The batch's cells are each sliced sequence's length once its slice is in; the idle cells
     every other sequence's length before the plan (its ops are not followed: a step that
@@ -159,24 +275,40 @@ def features_of(
         held += start + n
         held_before += lengths.get(s.seq, 0)
     batch = decode + prefill
-    idle = sum(lengths.values()) - held_before if batch else 0
+    stream_read, stream_kv, extra = _stream_terms_of(slices, layout, batch)
+    if layout.unified:
+        idle = sum(lengths.values()) - held_before if batch else 0
+        batch_kv = batch * held / 1e6
+    else:  # the step's views hold its own streams only
+        idle, batch_kv = 0, 0.0
     # ``_make`` from a tuple in field order: the simulator builds one per step, and the named
-    # tuple's constructor takes its eleven arguments at twice the cost.
+    # tuple's constructor takes its arguments at twice the cost.
     return StepFeatures._make(
         (
             len(slices),  # seqs
             decode,
             prefill,
             pairs / 1000.0,  # attended_k
-            batch * held / 1e6,  # batch_kv_m
+            batch_kv,  # batch_kv_m
             held / 1000.0 if batch else 0.0,  # kv_held_k
             stash,
             restore,
             idle / 1000.0,  # idle_k
             batch * idle / 1e6,  # batch_idle_m
             sampled,  # sampled_chunks
+            stream_read,  # stream_read_k
+            stream_kv,  # stream_kv_m
+            extra,  # extra_passes
         )
     )
+
+
+def _stream_terms_of(
+    slices: Sequence[SeqSlice], layout: KvLayout, batch: int
+) -> tuple[float, float, int]:
+    if layout.unified:  # most steps fit one pass: no list built
+        return 0.0, 0.0, max(0, -(-batch // layout.n_ubatch) - 1) if batch else 0
+    return stream_terms([(s.seq, s.start_pos, len(s.tokens)) for s in slices], layout)
 
 
 def steady_features(n_decode: int, chunk: int, pairs: int, held: int, idle: int) -> StepFeatures:
@@ -199,6 +331,9 @@ def steady_features(n_decode: int, chunk: int, pairs: int, held: int, idle: int)
             idle / 1000.0,
             batch * idle / 1e6,
             0,  # a steady run's chunk does not sample
+            0.0,  # one buffer (a stream per sequence is priced step by step)
+            0.0,
+            0,
         )
     )
 
@@ -216,6 +351,9 @@ class CostModel:
     per_restore: float = 0.0
     per_idle_kv: float = 0.0
     per_batch_idle: float = 0.0
+    per_stream_read: float = 0.0
+    per_stream_kv: float = 0.0
+    per_extra_pass: float = 0.0
     # How it was measured: model, machine, threads, grid, the fit's error. Free-form, kept.
     meta: Mapping[str, Any] = field(default_factory=dict)
 
@@ -234,6 +372,9 @@ class CostModel:
                 + self.per_kv_held * f.kv_held_k
                 + self.per_idle_kv * f.idle_k
                 + self.per_batch_idle * f.batch_idle_m
+                + self.per_stream_read * f.stream_read_k
+                + self.per_stream_kv * f.stream_kv_m
+                + self.per_extra_pass * f.extra_passes
             )
         return max(0.0, seconds)
 

@@ -39,7 +39,13 @@ from quanta_core.engine.types import (
     StepTimings,
     Truncate,
 )
-from quanta_core.sim.cost_model import CostModel, features_of
+from quanta_core.sim.cost_model import (
+    CostModel,
+    KvLayout,
+    StepFeatures,
+    features_of,
+    stream_terms,
+)
 from quanta_core.sim.prompts import int_objects
 
 _MIX = 2654435761  # Knuth's multiplicative hash: spreads k over 32 bits
@@ -54,6 +60,9 @@ class SimExecutor:
     ) -> None:
         self._info = info
         self.cost_model = cost_model
+        # ``info``'s layout (run.py's sim_engine_info takes it from the model's calibration:
+        # a model prices one layout) and the calibration's micro-batch size.
+        self.layout = KvLayout.of(info, int(cost_model.meta.get("n_ubatch", 512)))
         self._speed = speed
         self._mirror = KvMirror.for_engine(info)
         # Prompts were checked at submit and every sampled token is in range (see sample).
@@ -69,7 +78,7 @@ class SimExecutor:
 
     def step(self, plan: StepPlan) -> StepResult:
         mirror = self._mirror
-        features = features_of(plan, mirror.lengths, mirror.stash_lengths)
+        features = features_of(plan, mirror.lengths, mirror.stash_lengths, self.layout)
         # Move the mirror past the plan: an invalid plan raises and changes nothing.
         stashed: tuple[StashInfo, ...] = ()
         if plan.kv_ops:
@@ -108,6 +117,8 @@ class SimExecutor:
         sequences hold ``cells`` fewer from the next step on (``apply_ops`` of a step's
         evictions); ``next``: as many as before."""
         lengths = self._mirror.lengths
+        if not self.layout.unified:
+            yield from self._stream_decode_seconds(seqs, chunk)
         held = sum(lengths.get(seq, 0) for seq in seqs)
         idle = sum(lengths.values()) - held  # cells of the sequences outside the batch
         if chunk == 1:
@@ -130,6 +141,38 @@ class SimExecutor:
             dropped = yield price(pairs, decoded + start, idle)
             if dropped:
                 idle -= dropped
+
+    def _stream_decode_seconds(
+        self, seqs: Sequence[int], chunk: int
+    ) -> Generator[float, int, None]:
+        """``decode_seconds`` with a stream per sequence: each step priced from its own
+        features (its micro-batches' spans grow with their longest sequence), the other
+        sequences' cells costing nothing."""
+        starts = [self._mirror.lengths.get(seq, 0) for seq in seqs]
+        sizes = [1] * len(seqs)
+        if chunk > 1:
+            sizes[-1] = chunk
+        n_decode = len(seqs) - (chunk > 1)
+        prefill = chunk if chunk > 1 else 0
+        predict = self.cost_model.predict
+        while True:
+            slices = list(zip(seqs, starts, sizes, strict=True))
+            pairs = sum(n * p + n * (n + 1) // 2 for _, p, n in slices)
+            held = sum(p + n for _, p, n in slices)
+            read, stream_kv, extra = stream_terms(slices, self.layout)
+            f = StepFeatures(
+                len(seqs),
+                n_decode,
+                prefill,
+                pairs / 1000.0,
+                0.0,
+                held / 1000.0,
+                stream_read_k=read,
+                stream_kv_m=stream_kv,
+                extra_passes=extra,
+            )
+            yield predict(f)  # the others' cells cost nothing here: a drop changes no price
+            starts = [p + n for p, n in zip(starts, sizes, strict=True)]
 
     def apply_ops(self, ops: Sequence[KvOp]) -> int:
         """Run a steady step's KV ops (its evictions: truncations of cache holders, outside

@@ -36,7 +36,7 @@ from quanta_core.engine.errors import EngineDied
 from quanta_core.engine.kv_mirror import KvMirror
 from quanta_core.engine.protocol import Executor, SteppedFromLoop
 from quanta_core.engine.types import EngineInfo, MemoryStats, StepPlan, StepResult
-from quanta_core.sim.cost_model import StepFeatures, features_of
+from quanta_core.sim.cost_model import KvLayout, StepFeatures, features_of
 from quanta_core.sim.fit import group_of
 from quanta_core.sim.server_cost import ServerCost, fit_server_cost, streamed_tokens
 
@@ -73,6 +73,7 @@ class StepTracer:
         self._encoder = msgspec.json.Encoder()
         self._last_end: float | None = None
         self._mirror = KvMirror.for_engine(inner.info)
+        self._layout = KvLayout.of(inner.info)  # llama.cpp's default micro-batch (512)
         self._from_loop = inner if isinstance(inner, SteppedFromLoop) else None
         self._pending: list[tuple[StepPlan, float, float, StepResult]] = []  # in step order
 
@@ -117,7 +118,7 @@ class StepTracer:
     def _write_pending(self) -> None:
         mirror = self._mirror
         for plan, start, end, result in self._pending:
-            features = features_of(plan, mirror.lengths, mirror.stash_lengths)
+            features = features_of(plan, mirror.lengths, mirror.stash_lengths, self._layout)
             mirror.adopt(mirror.after(plan))  # the engine ran it: it was valid
             gap = None if self._last_end is None else start - self._last_end
             self._last_end = end

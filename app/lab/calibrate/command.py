@@ -32,7 +32,16 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from app.lab.bench.report import package_version
-from app.lab.calibrate.grid import FULL, GPU, QUICK, GridRunner, Point, build_grid, visit_order
+from app.lab.calibrate.grid import (
+    FULL,
+    GPU,
+    QUICK,
+    STREAMS,
+    GridRunner,
+    Point,
+    build_grid,
+    visit_order,
+)
 from app.lab.calibrate.machine import cpu_model, machine_slug
 from app.lab.calibrate.probe import (
     PARTS,
@@ -68,12 +77,24 @@ console = Console()
 # ---- where the file goes ----
 
 
-def default_out(model_stem: str, machine: str) -> Path:
-    return COST_MODELS_DIR / f"{model_stem}__{machine}.json"
+def default_out(model_stem: str, machine: str, kv_unified: bool = True) -> Path:
+    """``<model>__<machine>.json`` for one KV buffer, ``<model>__<machine>__streams.json``
+    for a stream per sequence: a model prices one layout, and both may be kept."""
+    layout = "" if kv_unified else "__streams"
+    return COST_MODELS_DIR / f"{model_stem}__{machine}{layout}.json"
 
 
 # ---- measuring ----
 # ---- measuring ----
+
+
+def grid_name(settings: Settings, quick: bool) -> str:
+    """Which grid measures this engine: a GPU's, a stream per sequence's, or the CPU's."""
+    if quick:
+        return "quick"
+    if settings.n_gpu_layers != 0:
+        return "gpu"
+    return "full" if settings.kv_unified else "streams"
 
 
 def measurement_meta(
@@ -90,6 +111,7 @@ def measurement_meta(
         "n_ctx": info.n_ctx,
         "n_seq_max": info.n_seq_max,
         "n_batch": info.n_batch,
+        "n_ubatch": min(settings.n_ubatch, info.n_batch),
         "kv_unified": info.kv_unified,
         "kv_bytes_per_token": info.kv_bytes_per_token,
         # What a simulated engine needs to stand in for this one (quanta_core.sim.run reads it).
@@ -97,7 +119,7 @@ def measurement_meta(
         "eog_tokens": list(info.eog_tokens),
         "model_desc": info.model_name,
         "token_budget": budget,
-        "grid": "quick" if quick else "gpu" if settings.n_gpu_layers != 0 else "full",
+        "grid": grid_name(settings, quick),
         "n_gpu_layers": settings.n_gpu_layers,
         "flash_attn": settings.flash_attn,
         "repeats": repeats,
@@ -147,16 +169,21 @@ def measure(
     from app.server.scheduling import scheduler_config
     from quanta_core.engine.llama_cpp.executor import LlamaCppExecutor
 
-    spec = QUICK if quick else GPU if settings.n_gpu_layers != 0 else FULL
+    spec = {"quick": QUICK, "gpu": GPU, "streams": STREAMS, "full": FULL}[
+        grid_name(settings, quick)
+    ]
     runs = repeats if repeats is not None else spec.repeats
     config = scheduler_config(settings)
     _warn_if_busy()
     with LlamaCppExecutor.start(settings.engine_config()) as ex:
         info = ex.info
         meta = measurement_meta(settings, info, config.token_budget, quick, runs)
-        grid = build_grid(spec, info.n_ctx, info.n_seq_max, info.n_batch, config.token_budget)
+        stream_cells = 0 if info.kv_unified else info.n_ctx // info.n_seq_max
+        grid = build_grid(
+            spec, info.n_ctx, info.n_seq_max, info.n_batch, config.token_budget, stream_cells
+        )
         visits = visit_order(grid, runs)
-        runner = GridRunner(ex, probe_every=spec.probe_every)
+        runner = GridRunner(ex, probe_every=spec.probe_every, n_ubatch=settings.n_ubatch)
         serving = ServedRunner(ex, config, QUICK_SERVED if quick else FULL_SERVED, runner.t0)
         if served:
             runner.interlude = serving.segment
@@ -181,7 +208,7 @@ def measure_probe_alone(settings: Settings) -> ProbeResult:
             ex.step(plan)
             return time.perf_counter() - t0
 
-        return measure_probe(step, ex.info.n_vocab)
+        return measure_probe(step, ex.info.n_vocab, share=ex.info.kv_unified)
 
 
 # ---- showing it ----
@@ -198,6 +225,9 @@ _READING = {
     "per_restore": "per restored token",
     "per_idle_kv": "per 1,000 KV cells held outside the batch",
     "per_batch_idle": "per million (batch token, idle KV cell) pairs",
+    "per_stream_read": "per 1,000 cells of the streams a micro-batch spans (n_kv each)",
+    "per_stream_kv": "per million (micro-batch token, its streams' n_kv) pairs",
+    "per_extra_pass": "per forward pass beyond the first (micro-batches)",
 }
 
 
@@ -330,7 +360,7 @@ def probe_only(settings: Settings, cost_model: Path | None, out: Path | None) ->
         stem = settings.resolved_model_path().stem
     except ModelNotFoundError as exc:
         raise _fail(f"engine: {exc}", code=1) from None
-    path = cost_model or default_out(stem, machine_slug(settings.threads))
+    path = cost_model or default_out(stem, machine_slug(settings.threads), settings.kv_unified)
     reference = None
     if cost_model is not None or path.exists():
         try:
@@ -435,7 +465,7 @@ def calibrate(
     if out is None:
         if "model_stem" not in meta or "machine" not in meta:
             raise _fail("the samples file does not name its model and machine: give --out")
-        out = default_out(meta["model_stem"], meta["machine"])
+        out = default_out(meta["model_stem"], meta["machine"], bool(meta.get("kv_unified", True)))
     fitted = fit_samples(measured, meta=meta)
     fitted.save(out)
     plot_path = plot if plot is not None else out.with_suffix(".png")

@@ -18,6 +18,12 @@
                                            and of each shorter chunk the spec names
                 ... and the last sequence id holds I idle cells beside them: decode of all B
                 (what a prefix cache's holders cost the steps they are not in)
+                deep mixed = B - 1 decodes + a chunk of (budget - B + 1) appended to the
+                             B-th at C (a long prompt's later chunks beside long decodes)
+
+With a KV stream per sequence (``kv_unified=False``: ``STREAMS``) the contexts reach what a
+stream holds (each sequence's own context is what its attention costs there), and a point's
+held cells are bounded by ``max_held`` (the fills' time), not by a shared buffer.
 
 Repeat-major and shuffled because this machine's speed drifts by ±30 % over minutes: run
 back to back, a point's repeats all see the same minute and the drift lines up with the
@@ -42,7 +48,7 @@ from typing import Protocol
 from app.lab.calibrate.probe import SEQUENCES, ProbeResult, measure_probe
 from quanta_core.engine import DropStash, Executor, Restore, SeqSlice, Stash, StepPlan, Truncate
 from quanta_core.engine.kv_mirror import KvMirror
-from quanta_core.sim.cost_model import features_of
+from quanta_core.sim.cost_model import KvLayout, features_of
 from quanta_core.sim.fit import Sample
 
 
@@ -52,9 +58,17 @@ class Kind(StrEnum):
     DECODE = "decode"
     MIXED = "mixed"
     BURST = "burst"
+    DEEP = "deep mixed"
 
 
-_KIND_ORDER = {Kind.PREFILL: 0, Kind.STASH: 1, Kind.DECODE: 2, Kind.MIXED: 3, Kind.BURST: 4}
+_KIND_ORDER = {
+    Kind.PREFILL: 0,
+    Kind.STASH: 1,
+    Kind.DECODE: 2,
+    Kind.MIXED: 3,
+    Kind.DEEP: 4,
+    Kind.BURST: 5,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +98,8 @@ class Point:
                 return f"mixed {self.batch} at {self.context} + {self.chunk}"
             case Kind.BURST:
                 return f"burst {self.batch} x {self.chunk}"
+            case Kind.DEEP:
+                return f"mixed {self.batch - 1} at {self.context} + {self.chunk} at {self.context}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +118,9 @@ class GridSpec:
     # Chunks, beside each of ``mixed_batches``' decodes, shorter than the budget's rest: a
     # prompt joining a running set that does not fill the step (a steady day's steps)
     mixed_chunks: tuple[int, ...] = ()
+    # Batches B of the deep mixed points: B - 1 decodes and a chunk appended to the B-th,
+    # all at the point's context.
+    deep_mixed_batches: tuple[int, ...] = ()
 
 
 # Time on this 2-core machine: filling 4 contexts x 4096 tokens at ~155 tokens/s, then the
@@ -140,6 +159,24 @@ GPU = GridSpec(
     mixed_chunks=(256,),
     probe_every=40,
 )
+# A KV stream per sequence (kv_unified=False) on this 2-core machine: a step's attention is
+# each sequence's own context, so the contexts reach 3k (1-8 sequences at 1k, up to 4 at
+# 3k: issue 38's 8 x 1,000 and 4 x 3,000), prompt chunks are appended deep into a stream
+# beside decodes there, and the fills (21k tokens) stay within a few minutes.
+STREAMS = GridSpec(
+    contexts=(64, 1024, 3072),
+    batches=(1, 2, 4, 8),
+    prefill_starts=(0, 1024, 3072),
+    prefill_chunks=(16, 128, 256),
+    mixed_batches=(2, 8),
+    idle_batches=(1, 4),
+    idle_cells=(1000,),  # not a context: the idle sequence (the last id) is in the batches too
+    max_held=12288,
+    repeats=3,
+    probe_every=60,
+    burst_prompts=(32,),
+    deep_mixed_batches=(4, 8),
+)
 QUICK = GridSpec(
     contexts=(32, 256),
     batches=(1, 4, 16),
@@ -156,18 +193,26 @@ QUICK = GridSpec(
 
 
 def build_grid(
-    spec: GridSpec, n_ctx: int, n_seq_max: int, n_batch: int, budget: int
+    spec: GridSpec,
+    n_ctx: int,
+    n_seq_max: int,
+    n_batch: int,
+    budget: int,
+    stream_cells: int = 0,
 ) -> list[Point]:
-    """The points of ``spec`` that fit the engine, sorted by context and batch."""
+    """The points of ``spec`` that fit the engine, sorted by context and batch.
+    ``stream_cells``: the cells of each sequence's own stream (0: one buffer for all)."""
     # Keep a batch's worth of cells free beside the held KV, for the step's new tokens.
     room = min(spec.max_held, n_ctx - n_batch)
+    # A sequence's cells, and a step's new tokens on top, must fit its stream.
+    own = stream_cells or n_ctx
     points = [
         Point(Kind.PREFILL, 1, start, n)
         for start in spec.prefill_starts
         for n in spec.prefill_chunks
-        if start <= room and n <= n_batch
+        if start <= room and n <= n_batch and start + n <= own
     ]
-    contexts = [c for c in spec.contexts if 0 < c <= room]
+    contexts = [c for c in spec.contexts if 0 < c <= room and c + budget <= own]
     for c in contexts:
         points.append(Point(Kind.STASH, 1, c))
         points += [
@@ -180,6 +225,11 @@ def build_grid(
             for b in spec.mixed_batches
             for chunk in sorted({budget - b, *(n for n in spec.mixed_chunks if n < budget - b)})
             if chunk > 1 and b < n_seq_max and b * c <= room
+        ]
+        points += [
+            Point(Kind.DEEP, b, c, budget - b + 1)
+            for b in spec.deep_mixed_batches
+            if 1 < b <= n_seq_max and b <= budget and b * c <= room
         ]
     for n in spec.burst_prompts:
         batch = min(budget // n, n_seq_max - 1, n_batch // n)
@@ -233,8 +283,10 @@ class GridRunner:
         seed: int = 0,
         probe_every: int | None = None,
         interlude: Callable[[], None] | None = None,
+        n_ubatch: int = 512,
     ) -> None:
         self.ex = executor
+        self.layout = KvLayout.of(executor.info, n_ubatch)  # what the features count
         self.rng = random.Random(seed)  # the tokens
         self.probe_every = probe_every  # None: no probes; 0: at the start and the end only
         # Work between visits (the served phase's segments): after the fills and each probe.
@@ -308,6 +360,11 @@ class GridRunner:
                 chunk = SeqSlice(0, self._tokens(p.chunk), p.context)
                 self._timed(p.label, StepPlan(slices=(chunk,)), warmup)
                 self._untimed(StepPlan(kv_ops=(Truncate(0, p.context),)))
+            case Kind.DEEP:
+                last = p.batch - 1
+                chunk = SeqSlice(last, self._tokens(p.chunk), p.context)
+                self._timed(p.label, StepPlan(slices=(*decodes[:last], chunk)), warmup)
+                self._untimed(StepPlan(kv_ops=back))
             case Kind.BURST:
                 prompts = tuple(
                     SeqSlice(s, self._tokens(p.chunk), 0, sample=True, owner=f"calibrate{s}")
@@ -376,7 +433,8 @@ class GridRunner:
             watcher.starting("reference probe")
         self.hold(0, 0)  # the probe's sequences must be empty
         at = time.perf_counter() - self.t0
-        self.probes.append(measure_probe(self._time, self.ex.info.n_vocab, at))
+        info = self.ex.info
+        self.probes.append(measure_probe(self._time, info.n_vocab, at, share=info.kv_unified))
 
     def _fill(self, seqs: range, context: int) -> None:
         """Prefill ``seqs`` to ``context`` in steps of up to n_batch tokens (timed: real steps)."""
@@ -396,7 +454,7 @@ class GridRunner:
             self._timed(f"fill {context} #{self._fills}", StepPlan(slices=tuple(slices)), False)
 
     def _timed(self, point: str, plan: StepPlan, warmup: bool) -> None:
-        features = features_of(plan, self.mirror.lengths, self.mirror.stash_lengths)
+        features = features_of(plan, self.mirror.lengths, self.mirror.stash_lengths, self.layout)
         held = sum(self.mirror.lengths.values())
         t = time.perf_counter() - self.t0
         seconds, engine_s = self._step(plan)

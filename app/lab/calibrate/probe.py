@@ -18,7 +18,9 @@ The weights give each part about a third of the work, so the factor weighs the o
 path, the matrix path and prefill alike. The tokens are seeded: every measurement runs the
 same steps. The 16 sequences share sequence 0's 128 tokens (``CopyPrefix``) instead of
 holding their own: filling 2,048 tokens would take 13 s, and the probe is a gauge of speed,
-not a grid point. Measuring it takes about 4 s.
+not a grid point. Measuring it takes about 4 s. With a KV stream per sequence a prefix
+cannot be copied between streams: the other 15 prefill their own 128 tokens, untimed
+(about 5 s more).
 """
 
 from __future__ import annotations
@@ -71,10 +73,11 @@ class ProbeResult:
 
 
 def measure_probe(
-    step: Callable[[StepPlan], float], n_vocab: int, at_s: float = 0.0
+    step: Callable[[StepPlan], float], n_vocab: int, at_s: float = 0.0, share: bool = True
 ) -> ProbeResult:
     """Run the probe through ``step`` (runs a plan, returns its wall seconds) on sequences
-    ``0..15``, which must be empty; they are empty again afterwards."""
+    ``0..15``, which must be empty; they are empty again afterwards. ``share``: the others
+    copy sequence 0's tokens (one KV buffer); else each prefills its own."""
     rng = random.Random(_SEED)
 
     def tokens(n: int) -> tuple[int, ...]:
@@ -89,7 +92,10 @@ def measure_probe(
         seconds = step(StepPlan(slices=(SeqSlice(0, tokens(CONTEXT), 0),)))
         if i:
             times[prefill.name].append(seconds)
-    step(StepPlan(kv_ops=tuple(CopyPrefix(0, s, CONTEXT) for s in range(1, SEQUENCES))))
+    if share:
+        step(StepPlan(kv_ops=tuple(CopyPrefix(0, s, CONTEXT) for s in range(1, SEQUENCES))))
+    else:
+        _prefill_others(step, n_vocab)
     for part in decodes:
         back = StepPlan(kv_ops=tuple(Truncate(s, CONTEXT) for s in range(part.batch)))
         for i in range(1 + part.runs):
@@ -103,6 +109,22 @@ def measure_probe(
                 times[part.name].append(seconds)
     step(StepPlan(kv_ops=tuple(Truncate(s) for s in range(SEQUENCES)), release=owners))
     return ProbeResult({name: statistics.median(ts) for name, ts in times.items()}, at_s)
+
+
+def _prefill_others(step: Callable[[StepPlan], float], n_vocab: int) -> None:
+    """Sequences ``1..15`` prefill ``CONTEXT`` tokens each, four to a step (their own rng:
+    the timed parts' tokens stay those of a shared probe)."""
+    rng = random.Random(f"{_SEED} others")
+    seqs = list(range(1, SEQUENCES))
+    for i in range(0, len(seqs), 4):
+        step(
+            StepPlan(
+                slices=tuple(
+                    SeqSlice(s, tuple(rng.randrange(100, n_vocab) for _ in range(CONTEXT)), 0)
+                    for s in seqs[i : i + 4]
+                )
+            )
+        )
 
 
 def summarise(probes: Sequence[ProbeResult]) -> dict[str, Any]:

@@ -75,24 +75,31 @@ class CostModelMissing(RuntimeError):
 
 
 def default_cost_model_path(folder: Path = COST_MODELS_DIR) -> Path:
-    """``<model>__<machine>.json`` for the server's default model: this machine's (named as
-    ``quanta calibrate`` names it) if there are several, the only one if there is one."""
+    """``<model>__<machine>.json`` for the server's default model and KV layout
+    (``__streams`` for a stream per sequence): this machine's (named as ``quanta calibrate``
+    names it) if there are several, the only one if there is one."""
+    settings = Settings()
     try:
-        stem = Settings().resolved_model_path().stem
+        stem = settings.resolved_model_path().stem
     except ModelNotFoundError:
         stem = ""
     found = sorted(folder.glob(f"{stem}__*.json")) if stem else sorted(folder.glob("*.json"))
+    # A model prices the layout it was calibrated on: only those of the server's layout.
+    streams = [p for p in found if p.stem.endswith("__streams")]
+    found = [p for p in found if p not in streams] if settings.kv_unified else streams
     if len(found) == 1:
         return found[0]
-    here = folder / f"{stem}__{machine_slug(Settings().threads)}.json"
+    layout = "" if settings.kv_unified else "__streams"
+    here = folder / f"{stem}__{machine_slug(settings.threads)}{layout}.json"
     if here in found:
         return here
     if found:
         names = ", ".join(p.name for p in found)
         raise CostModelMissing(f"several cost models in {folder} ({names}): pick one")
+    kind = "one KV buffer" if settings.kv_unified else "a KV stream per sequence"
     raise CostModelMissing(
-        f"no cost model for {stem or 'the default model'} in {folder}/: run `quanta calibrate` "
-        "first, or pass --cost-model FILE"
+        f"no cost model for {stem or 'the default model'} with {kind} in {folder}/: run "
+        "`quanta calibrate` first, or pass --cost-model FILE"
     )
 
 
