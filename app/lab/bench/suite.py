@@ -2,10 +2,12 @@
 
 For each scenario, each server in turn (the default policy first): start it fresh (its
 tenants created), send the scenario's workload with the same client (``runner.run_plan``),
-stop it. Each run is written as a bench results file, ``<scenario>-<server>.json``; the
-table's cells and key figures go to ``figures.json`` and ``table.md``, one TTFT CDF per
-scenario to ``<scenario>.png``. The machine's load average is kept with every run: this
-machine is shared, and the figures are only worth their ratios within one suite run.
+stop it; the scenarios of one group (a prompt length's concurrencies) run one after another
+on one start. Real-text prompts are tokenized before any server starts. Each run is
+written as a bench results file, ``<scenario>-<server>.json``; the table's cells and key
+figures go to ``figures.json`` and ``table.md``, one TTFT CDF per scenario to
+``<scenario>.png``. The machine's load average is kept with every run: this machine is
+shared, and the figures are only worth their ratios within one suite run.
 """
 
 from __future__ import annotations
@@ -155,6 +157,7 @@ def run_suite(
     tokenize: Tokenize | None = None,
 ) -> list[dict[str, Any]]:
     out.mkdir(parents=True, exist_ok=True)
+    began = time.monotonic()
     prompts = scenario_prompts(scenarios, tokenize)
     cells: list[dict[str, Any]] = []
     for group in groups(scenarios):
@@ -174,6 +177,7 @@ def run_suite(
             _plot(scenario.name, [c for c in cells if c["scenario"] == scenario.name], out)
     figures = merge_figures(out / "figures.json", cells)
     (out / "figures.json").write_text(json.dumps(figures, indent=1) + "\n")
+    log(f"the suite took {time.monotonic() - began:.0f} s")
     return cells
 
 
