@@ -84,15 +84,14 @@ class Settings(BaseSettings):
     n_seq_max: int = Field(
         default=64, ge=1, le=256, description="engine sequence slots (up to 256 on a GPU)"
     )
-    # One KV buffer for all sequences is what lets the prefix cache share a prompt between
-    # requests, and a single request grow to n_ctx; a stream per slot makes each decode
-    # attend only its own cells (faster for many short streams on a CPU: the twenty scenario,
-    # bench/results/scenarios/) but caps every request at n_ctx / n_seq_max tokens and
-    # shares nothing.
+    # One KV buffer for all sequences lets a single request grow to n_ctx; a stream per slot
+    # makes each decode attend only its own cells (faster for many short streams on a CPU:
+    # the twenty scenario, bench/results/scenarios/) but caps every request at
+    # n_ctx / n_seq_max tokens (its prefix cache keeps idle slots and copies whole streams).
     kv_unified: bool = Field(
         default=True,
         description="one KV buffer for all sequences; false: one stream of n_ctx / n_seq_max "
-        "cells per sequence slot (no prefix sharing)",
+        "cells per sequence slot",
     )
     n_batch: int = Field(default=512, ge=1, description="most tokens in one engine pass")
     n_ubatch: int = Field(
@@ -163,6 +162,12 @@ class Settings(BaseSettings):
     )
     block_size: int = Field(default=16, ge=1, description="tokens per KV block")
     prefix_cache: bool = Field(default=True, description="share cached prompt prefixes")
+    # Within a tenant by default: a prompt cached for one tenant is a hit for another only
+    # where an admin says so, else a tenant learns from ``cached_tokens`` what others sent.
+    prefix_cache_sharing: Literal["tenant", "global"] = Field(
+        default="tenant",
+        description="whose requests share cached prefixes: each tenant its own, or everyone's",
+    )
     # Every cached cell costs every step (llama.cpp's one KV buffer: README, this setting).
     prefix_cache_tokens: int | None = Field(
         default=512,
