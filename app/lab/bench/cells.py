@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from app.lab.bench import long_cells
 from app.lab.bench.scenarios import SMOOTH_GAP_S, Scenario
 from quanta_core.metrics import RequestRecord, jain_index, meets_slo
 from quanta_core.metrics.fairness import service_events
@@ -95,7 +96,9 @@ def estimate_errors(records: Sequence[RequestRecord]) -> dict[str, Any] | None:
 
 def key_figures(scenario: Scenario, attempts: Sequence[RequestRecord]) -> dict[str, Any]:
     records = last_attempts(attempts)
-    name = scenario.name
+    name = scenario.key_kind
+    if name in LONG:
+        return _long(scenario, records)
     if name == "twenty":
         ttfts = sorted(r.ttft for r in _served(records) if r.ttft is not None)
         return {"last_first_token_s": ttfts[-1] if ttfts else None}
@@ -182,5 +185,24 @@ def _weights(records: Sequence[RequestRecord]) -> dict[str, Any]:
     }
 
 
+LONG = ("bucket", "replay", "coding", "prefix", "flood-long")
+
+
+def _long(scenario: Scenario, records: Sequence[RequestRecord]) -> dict[str, Any]:
+    match scenario.key_kind:
+        case "bucket":
+            return long_cells.bucket(records)
+        case "replay":
+            targets = scenario.spec.targets[SloClass.INTERACTIVE]
+            return long_cells.goodput(records, targets, scenario.ttft_per_token_s)
+        case "coding":
+            return long_cells.coding(records)
+        case "prefix":
+            return long_cells.prefix(records)
+        case _:
+            return long_cells.flood_long(records)
+
+
 def focus_class(scenario: Scenario) -> SloClass | None:
-    return SloClass.INTERACTIVE if scenario.name == "flood" else None
+    flood = scenario.key_kind in ("flood", "flood-long")
+    return SloClass.INTERACTIVE if flood else None

@@ -23,6 +23,7 @@ from app.lab.bench.compare import print_comparison
 from app.lab.bench.processes import Senders, processes_for
 from app.lab.bench.report import build_result, environment, load_result, records_of, write_result
 from app.lab.bench.runner import RunOptions
+from app.lab.bench.scenarios import Scenario
 from app.lab.bench.table import print_result
 from app.lab.bench.workloads import apply_overrides, make_plan, resolve_workload
 from quanta_core.metrics import RequestRecord, summarize
@@ -209,9 +210,16 @@ def resummarize(
 @bench_cli.command("scenarios")
 def scenarios(
     servers: Annotated[
-        str,
-        typer.Option(help="comma-separated: quanta policies, llama-server, llama-server-kvu"),
-    ] = "quanta,fcfs,slo,llama-server,llama-server-kvu",
+        str | None,
+        typer.Option(
+            help="comma-separated: quanta policies, llama-server, llama-server-kvu (default: "
+            "quanta,fcfs,slo,llama-server,llama-server-kvu; the long suite's: "
+            "quanta,llama-server,llama-server-kvu)"
+        ),
+    ] = None,
+    suite: Annotated[
+        str, typer.Option(help="short: the five scenarios; long: at real prompt lengths")
+    ] = "short",
     only: Annotated[
         str | None, typer.Option(help="comma-separated scenarios (default: all, in order)")
     ] = None,
@@ -227,41 +235,93 @@ def scenarios(
         float | None,
         typer.Option(min=0.01, help="overload's requests/s (default: ~2x this machine's)"),
     ] = None,
+    gpu: Annotated[
+        bool | None,
+        typer.Option(help="the long suite's GPU sizes (default: if llama.cpp offloads)"),
+    ] = None,
+    speed_factor: Annotated[
+        float | None,
+        typer.Option(
+            min=0.0001,
+            help="the long suite: this machine's time over the reference's (default: probed)",
+        ),
+    ] = None,
 ) -> None:
     """Every scenario against every server in turn (fresh, default settings): one table."""
-    from app.lab.bench.scenarios import ALL, overload
     from app.lab.bench.servers import LLAMA_SERVERS, RealServers, find_llama_server
     from app.lab.bench.suite import run_suite
+    from app.lab.bench.text_prompts import model_tokenizer
     from app.server.settings import default_model_path
 
-    names = [n.strip() for n in only.split(",")] if only else list(ALL)
-    unknown = [n for n in names if n not in ALL]
-    if unknown:
-        console.print(f"[red]unknown scenarios: {unknown} (known: {', '.join(ALL)})")
+    if suite not in ("short", "long"):
+        console.print(f"[red]unknown suite {suite!r} (short, long)")
         raise typer.Exit(code=2)
+    model_path = model or default_model_path()
+    wanted = [n.strip() for n in only.split(",")] if only else None
+    if suite == "long":
+        chosen_scenarios = _long_suite(model_path, threads, scale, gpu, speed_factor)
+        servers = servers or "quanta,llama-server,llama-server-kvu"
+    else:
+        probe = wanted is None or "overload" in wanted
+        chosen_scenarios = _short_suite(model_path, threads, scale, overload_rate, probe)
+    servers = servers or "quanta,fcfs,slo,llama-server,llama-server-kvu"
+    known = [s.name for s in chosen_scenarios]
+    names = wanted or known
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        console.print(f"[red]unknown scenarios: {unknown} (known: {', '.join(known)})")
+        raise typer.Exit(code=2)
+    chosen_scenarios = [s for s in chosen_scenarios if s.name in names]
     chosen = [s.strip() for s in servers.split(",") if s.strip()]
     binary = llama_server or find_llama_server()
     if binary is None and any(n in LLAMA_SERVERS for n in chosen):
         console.print("llama-server is not built (scripts/build_llama_server.sh): left out")
         chosen = [n for n in chosen if n not in LLAMA_SERVERS]
-    launcher = RealServers(model or default_model_path(), threads, port, binary)
+    launcher = RealServers(model_path, threads, port, binary)
     # SIGTERM unwinds like Ctrl-C: the server under test is stopped on the way out.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    if "overload" in names and overload_rate is None:
-        overload_rate = machine_overload_rate(model or default_model_path(), threads)
-    chosen_scenarios = [
-        overload(scale, overload_rate) if n == "overload" and overload_rate else ALL[n](scale)
-        for n in names
-    ]
-    run_suite(chosen_scenarios, chosen, launcher, out, console.print)
+    tokenize = model_tokenizer(model_path) if suite == "long" else None
+    run_suite(chosen_scenarios, chosen, launcher, out, console.print, tokenize=tokenize)
     write_tables(out)
 
 
-def machine_overload_rate(model: Path, threads: int) -> float:
-    """Overload at about twice this machine's capacity: the reference machine's rate over
-    how many times slower this one runs the reference probe (about 5 s on the engine) than
-    the committed cost model's calibration did. The reference rate where it cannot tell."""
-    from app.lab.bench.scenarios import OVERLOAD_RATE
+def _short_suite(
+    model: Path, threads: int, scale: float, overload_rate: float | None, probe: bool
+) -> list[Scenario]:
+    """The five, overload at ``overload_rate`` (None: ~2x this machine's capacity, probed
+    only when ``probe``)."""
+    from app.lab.bench.scenarios import ALL, overload
+
+    if overload_rate is None and probe:
+        overload_rate = machine_overload_rate(model, threads)
+    return [
+        overload(scale, overload_rate) if n == "overload" and overload_rate else make(scale)
+        for n, make in ALL.items()
+    ]
+
+
+def _long_suite(
+    model: Path, threads: int, scale: float, gpu: bool | None, factor: float | None
+) -> list[Scenario]:
+    from app.lab.bench.long_scenarios import Machine, build
+
+    if gpu is None:
+        import llama_cpp
+
+        gpu = bool(llama_cpp.llama_supports_gpu_offload())
+    if factor is None:
+        factor = machine_speed_factor(model, threads)
+    if factor is None:
+        factor = 1.0
+        console.print("long suite: rates at the reference machine's (no speed factor)")
+    machine = Machine(gpu=gpu, speed_factor=factor)
+    console.print(f"long suite: {'GPU' if gpu else 'CPU'} sizes, speed factor {factor:.2f}")
+    return build(machine, scale)
+
+
+def machine_speed_factor(model: Path, threads: int) -> float | None:
+    """How many times slower this machine runs the reference probe (about 5 s on the
+    engine) than the committed cost model's calibration did; None where it cannot tell."""
     from app.lab.calibrate.command import measure_probe_alone
     from app.lab.calibrate.probe import speed_factor
     from app.lab.sim.command import CostModelMissing, default_cost_model_path
@@ -272,9 +332,21 @@ def machine_overload_rate(model: Path, threads: int) -> float:
     try:
         reference = CostModel.load(default_cost_model_path())
         settings = Settings(model_path=model, threads=threads)
-        factor = speed_factor(measure_probe_alone(settings).total_s, reference)
+        return speed_factor(measure_probe_alone(settings).total_s, reference)
     except (ValueError, CostModelMissing, EngineError, ModelNotFoundError) as exc:
-        console.print(f"overload: the reference rate, {OVERLOAD_RATE}/s ({exc})")
+        console.print(f"no speed factor: {exc}")
+        return None
+
+
+def machine_overload_rate(model: Path, threads: int) -> float:
+    """Overload at about twice this machine's capacity: the reference machine's rate over
+    how many times slower this one runs the reference probe than the committed cost
+    model's calibration did. The reference rate where it cannot tell."""
+    from app.lab.bench.scenarios import OVERLOAD_RATE
+
+    factor = machine_speed_factor(model, threads)
+    if factor is None:
+        console.print(f"overload: the reference rate, {OVERLOAD_RATE}/s")
         return OVERLOAD_RATE
     rate = OVERLOAD_RATE / factor
     console.print(
@@ -286,11 +358,13 @@ def machine_overload_rate(model: Path, threads: int) -> float:
 
 def write_tables(out: Path) -> None:
     """``table.md`` from ``figures.json`` (every part of the suite run into ``out``)."""
-    from app.lab.bench.scenario_table import estimates_markdown, markdown
+    from app.lab.bench.scenario_table import estimates_markdown, markdown, ratios_markdown
 
     cells = json.loads((out / "figures.json").read_text())
     table = markdown(cells)
+    ratios = ratios_markdown(cells)
     estimates = estimates_markdown(cells)
-    (out / "table.md").write_text(table + "\n" + estimates)
+    (out / "table.md").write_text(table + "\n" + ratios + "\n" + estimates)
     console.print(table)
+    console.print(ratios)
     console.print(estimates)

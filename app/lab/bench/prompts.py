@@ -10,6 +10,7 @@ draws its own tokens, so prompts do not share a prefix by accident — only a te
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from typing import Any
 
 from quanta_core.workload import Endpoint, PlannedRequest
@@ -46,9 +47,11 @@ def request_body(
     seed: int,
     ignore_eos: bool,
     temperature: float,
+    prompt_ids: Sequence[int] | None = None,
 ) -> dict[str, Any]:
     """A streaming request that both Quanta and llama-server accept (Quanta rejects unknown
-    fields, so only fields it knows are sent)."""
+    fields, so only fields it knows are sent). ``prompt_ids``: this prompt instead of the
+    seeded one (completions only)."""
     body: dict[str, Any] = {
         "model": model,
         "max_tokens": request.output_tokens,
@@ -59,6 +62,8 @@ def request_body(
     }
     if endpoint is Endpoint.CHAT:
         body["messages"] = [{"role": "user", "content": prompt_text(seed, request)}]
+    elif prompt_ids is not None:
+        body["prompt"] = list(prompt_ids)
     else:
         body["prompt"] = prompt_token_ids(seed, request)
     return body

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import httpx
@@ -31,6 +31,8 @@ class RunOptions:
     # A 429/503 that says when to come back is sent again then, up to this many times;
     # every attempt is passed to ``on_done``, the last one is the request's record.
     retries: int = 0
+    # Each request's prompt as token ids, by its plan index (None: ``prompts.py``'s own).
+    prompts: Mapping[int, Sequence[int]] | None = None
 
 
 def _client(options: RunOptions) -> httpx.AsyncClient:
@@ -61,6 +63,7 @@ async def run_plan(
                 seed=spec.seed,
                 ignore_eos=target.ignore_eos,
                 temperature=target.temperature,
+                prompt_ids=None if options.prompts is None else options.prompts[planned.index],
             )
             attempt = 0
             while True:

@@ -35,8 +35,23 @@ SMOOTH_GAP_S = 1.0  # "smooth": no inter-token gap over this
 class Scenario:
     name: str
     spec: WorkloadSpec
-    n_ctx: int = 8192  # the server's default
+    # Quanta's --n-ctx and llama-server's -c (None: Quanta's own default, and llama-server
+    # the ``llama_ctx`` below)
+    n_ctx: int | None = 8192
     retries: int = 0  # refused requests are sent again at their retry-after this often
+    kind: str = ""  # which key figures it reports ("": by its name)
+    # Consecutive scenarios of one group run on one start of each server, in turn ("": its
+    # own start); the server is sized for the largest of them.
+    group: str = ""
+    llama_slots: int = 20  # llama-server -np
+    llama_ctx: int | None = None  # llama-server -c (None: n_ctx)
+    text_prompts: bool = False  # real text (text_prompts.py) instead of seeded token ids
+    # goodput's first-token target grows by this per prompt token too (None: it does not)
+    ttft_per_token_s: float | None = None
+
+    @property
+    def key_kind(self) -> str:
+        return self.kind or self.name
 
 
 def _n(count: int, scale: float) -> int:

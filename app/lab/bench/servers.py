@@ -43,8 +43,17 @@ class Running:
 class ServerSpec:
     """What a scenario asks of the machine: the same on every server."""
 
-    n_ctx: int
+    n_ctx: int | None  # Quanta's --n-ctx (None: its default) and llama-server's -c
     tenants: tuple[TenantSpec, ...]
+    llama_slots: int = 20  # llama-server -np
+    llama_ctx: int | None = None  # llama-server -c (None: n_ctx)
+
+    @property
+    def llama_context(self) -> int:
+        ctx = self.llama_ctx if self.llama_ctx is not None else self.n_ctx
+        if ctx is None:
+            raise ValueError("llama-server needs a context size: n_ctx or llama_ctx")
+        return ctx
 
 
 Launcher = Callable[[str, ServerSpec], AbstractContextManager[Running]]
@@ -102,16 +111,15 @@ def _create_tenants(url: str, admin_key: str, tenants: Sequence[TenantSpec]) -> 
 
 @dataclass(frozen=True, slots=True)
 class RealServers:
-    """``quanta run --policy P`` (default settings but the model, context, threads and
-    port) and llama-server ``-np slots`` over the same model and context: as a user starts
-    it (its defaults split the context into one KV stream per slot) and with
-    ``--kv-unified`` (one buffer shared by all slots, as Quanta's engine runs it)."""
+    """``quanta run --policy P`` (default settings but the model, threads, port and, where
+    the scenario sets one, context) and llama-server ``-np slots`` over the same model: as a
+    user starts it (its defaults split the context into one KV stream per slot) and with
+    ``--kv-unified`` (one buffer shared by all slots)."""
 
     model: Path
     threads: int
     port: int = 0  # 0: a free one for each server
     llama_server: Path | None = None
-    llama_slots: int = 20
 
     def __call__(self, name: str, spec: ServerSpec) -> AbstractContextManager[Running]:
         if name in LLAMA_SERVERS:
@@ -142,8 +150,7 @@ class RealServers:
                 str(self.model),
                 "--policy",
                 policy,
-                "--n-ctx",
-                str(spec.n_ctx),
+                *([] if spec.n_ctx is None else ["--n-ctx", str(spec.n_ctx)]),
                 "--threads",
                 str(self.threads),
                 "--log-level",
@@ -169,9 +176,9 @@ class RealServers:
             "-m",
             str(self.model),
             "-c",
-            str(spec.n_ctx),
+            str(spec.llama_context),
             "-np",
-            str(self.llama_slots),
+            str(spec.llama_slots),
             "-t",
             str(self.threads),
             "-tb",

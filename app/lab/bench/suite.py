@@ -2,10 +2,12 @@
 
 For each scenario, each server in turn (the default policy first): start it fresh (its
 tenants created), send the scenario's workload with the same client (``runner.run_plan``),
-stop it. Each run is written as a bench results file, ``<scenario>-<server>.json``; the
-table's cells and key figures go to ``figures.json`` and ``table.md``, one TTFT CDF per
-scenario to ``<scenario>.png``. The machine's load average is kept with every run: this
-machine is shared, and the figures are only worth their ratios within one suite run.
+stop it; the scenarios of one group (a prompt length's concurrencies) run one after another
+on one start. Real-text prompts are tokenized before any server starts. Each run is
+written as a bench results file, ``<scenario>-<server>.json``; the table's cells and key
+figures go to ``figures.json`` and ``table.md``, one TTFT CDF per scenario to
+``<scenario>.png``. The machine's load average is kept with every run: this machine is
+shared, and the figures are only worth their ratios within one suite run.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ import asyncio
 import dataclasses
 import json
 import os
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +27,11 @@ from app.lab.bench.client import Target
 from app.lab.bench.report import build_result, environment, write_result
 from app.lab.bench.runner import RunOptions, run_plan
 from app.lab.bench.scenarios import ALL, Scenario
-from app.lab.bench.servers import Launcher, ServerSpec
+from app.lab.bench.servers import Launcher, Running, ServerSpec
+from app.lab.bench.text_prompts import Tokenize, prompt_ids_for
+from app.lab.bench.workloads import make_plan
 from quanta_core.metrics import RequestRecord, summarize
-from quanta_core.workload import WorkloadSpec, build_plan
+from quanta_core.workload import WorkloadSpec
 
 Log = Callable[[str], None]
 
@@ -36,45 +41,110 @@ def _with_keys(spec: WorkloadSpec, keys: dict[str, str]) -> WorkloadSpec:
     return dataclasses.replace(spec, tenants=tenants)
 
 
+def groups(scenarios: Sequence[Scenario]) -> list[list[Scenario]]:
+    """Consecutive scenarios of one named group together; every other scenario alone."""
+    out: list[list[Scenario]] = []
+    for s in scenarios:
+        if out and s.group and out[-1][-1].group == s.group:
+            out[-1].append(s)
+        else:
+            out.append([s])
+    return out
+
+
+def server_spec(group: Sequence[Scenario]) -> ServerSpec:
+    """One server start for every scenario of ``group``: their tenants, the largest sizes."""
+    tenants = {t.name: t for s in group for t in s.spec.tenants}
+    sizes = [s.n_ctx for s in group if s.n_ctx is not None]
+    llama = [c for s in group if (c := s.llama_ctx or s.n_ctx) is not None]
+    return ServerSpec(
+        n_ctx=max(sizes) if sizes else None,
+        tenants=tuple(tenants.values()),
+        llama_slots=max(s.llama_slots for s in group),
+        llama_ctx=max(llama) if llama else None,
+    )
+
+
 def run_one(
-    scenario: Scenario, server: str, launcher: Launcher, out: Path, timeout_s: float = 600.0
+    scenario: Scenario,
+    server: str,
+    launcher: Launcher,
+    out: Path,
+    timeout_s: float = 600.0,
+    prompts: Mapping[int, Sequence[int]] | None = None,
 ) -> dict[str, Any]:
-    """One scenario against one server: its cell."""
-    spec = scenario.spec
+    """One scenario against one server, started for it alone: its cell."""
+    with launcher(server, server_spec([scenario])) as running:
+        return run_on(scenario, server, running, out, timeout_s, prompts)
+
+
+def run_on(
+    scenario: Scenario,
+    server: str,
+    running: Running,
+    out: Path,
+    timeout_s: float = 600.0,
+    prompts: Mapping[int, Sequence[int]] | None = None,
+) -> dict[str, Any]:
+    """One scenario against a running server: its cell."""
     load_before = os.getloadavg()
-    with launcher(server, ServerSpec(scenario.n_ctx, spec.tenants)) as running:
-        spec = _with_keys(spec, running.keys)
-        first_key = next(iter(running.keys.values()), None)
-        target = Target(
-            url=running.url,
-            model=discover_model(running.url, first_key),
-            endpoint=spec.endpoint,
-            seed=spec.seed,
-            ignore_eos=spec.ignore_eos,
-            temperature=spec.temperature,
-        )
-        attempts: list[RequestRecord] = []
-        options = RunOptions(first_key, timeout_s, retries=scenario.retries)
-        plan = build_plan(spec)
-        asyncio.run(run_plan(spec, plan, target, options, on_done=attempts.append))
-        env = environment(running.url, first_key)
+    spec = _with_keys(scenario.spec, running.keys)
+    first_key = next(iter(running.keys.values()), None)
+    target = Target(
+        url=running.url,
+        model=discover_model(running.url, first_key),
+        endpoint=spec.endpoint,
+        seed=spec.seed,
+        ignore_eos=spec.ignore_eos,
+        temperature=spec.temperature,
+    )
+    attempts: list[RequestRecord] = []
+    options = RunOptions(first_key, timeout_s, retries=scenario.retries, prompts=prompts)
+    plan = make_plan(spec)
+    began = time.monotonic()
+    asyncio.run(run_plan(spec, plan, target, options, on_done=attempts.append))
+    wall_s = time.monotonic() - began
+    env = environment(running.url, first_key)
     records = last_attempts(attempts)
     label = f"{scenario.name}-{server}"
     summary = summarize(records, spec.targets, window_s=spec.window_s)
-    flags = {"server": server, "n_ctx": scenario.n_ctx, "retries": scenario.retries}
+    flags = {
+        "server": server,
+        "n_ctx": scenario.n_ctx,
+        "llama_slots": scenario.llama_slots,
+        "llama_ctx": scenario.llama_ctx,
+        "retries": scenario.retries,
+        "text_prompts": prompts is not None,
+    }
     result = build_result(
         label=label, spec=spec, flags=flags, env=env, records=attempts, summary=summary
     )
     write_result(result, out / f"{label}.json")
     return {
         "scenario": scenario.name,
+        "kind": scenario.key_kind,
         "server": server,
         **generic(records, focus_class(scenario)),
         "key": key_figures(scenario, attempts),
         "estimate": estimate_errors(records),
+        "wall_s": wall_s,
         "load_avg_before": list(load_before),
         "load_avg_after": list(os.getloadavg()),
         "records": records,
+    }
+
+
+def scenario_prompts(
+    scenarios: Sequence[Scenario], tokenize: Tokenize | None
+) -> dict[str, dict[int, list[int]]]:
+    """The real-text prompts of the scenarios that ask for them (none without a tokenizer:
+    they send seeded token ids then)."""
+    if tokenize is None:
+        return {}
+    return {
+        s.name: prompt_ids_for(s.spec, make_plan(s.spec), tokenize)
+        for s in scenarios
+        if s.text_prompts
     }
 
 
@@ -84,19 +154,30 @@ def run_suite(
     launcher: Launcher,
     out: Path,
     log: Log = print,
+    tokenize: Tokenize | None = None,
 ) -> list[dict[str, Any]]:
     out.mkdir(parents=True, exist_ok=True)
+    began = time.monotonic()
+    prompts = scenario_prompts(scenarios, tokenize)
     cells: list[dict[str, Any]] = []
-    for scenario in scenarios:
+    for group in groups(scenarios):
         for server in servers:
-            log(f"{scenario.name}: {server}")
+            log(f"{', '.join(s.name for s in group)}: {server}")
             try:
-                cells.append(run_one(scenario, server, launcher, out))
+                with launcher(server, server_spec(group)) as running:
+                    for scenario in group:
+                        cell = run_on(
+                            scenario, server, running, out, prompts=prompts.get(scenario.name)
+                        )
+                        log(f"  {scenario.name}: {server}: {cell['wall_s']:.0f} s")
+                        cells.append(cell)
             except RuntimeError as exc:  # a server that would not start: a gap, not a stop
-                log(f"{scenario.name}: {server} did not run: {exc}")
-        _plot(scenario.name, [c for c in cells if c["scenario"] == scenario.name], out)
+                log(f"{group[0].name}: {server} did not run: {exc}")
+        for scenario in group:
+            _plot(scenario.name, [c for c in cells if c["scenario"] == scenario.name], out)
     figures = merge_figures(out / "figures.json", cells)
     (out / "figures.json").write_text(json.dumps(figures, indent=1) + "\n")
+    log(f"the suite took {time.monotonic() - began:.0f} s")
     return cells
 
 
@@ -109,6 +190,7 @@ def merge_figures(path: Path, cells: Sequence[dict[str, Any]]) -> list[dict[str,
     old = json.loads(path.read_text()) if path.is_file() else []
     merged = [new.pop((c["scenario"], c["server"]), c) for c in old]
     order = {name: i for i, name in enumerate(ALL)}
+    # stable: scenarios outside ALL (the long suite's) keep the order they ran in
     return sorted([*merged, *new.values()], key=lambda c: order.get(c["scenario"], len(order)))
 
 
