@@ -97,9 +97,9 @@ def measurement_meta(
         "eog_tokens": list(info.eog_tokens),
         "model_desc": info.model_name,
         "token_budget": budget,
-        "grid": "quick" if quick else "gpu" if settings.n_gpu_layers != 0 else "full",
-        "n_gpu_layers": settings.n_gpu_layers,
-        "flash_attn": settings.flash_attn,
+        "grid": "quick" if quick else "gpu" if settings.layout.on_gpu else "full",
+        "n_gpu_layers": settings.layout.n_gpu_layers,
+        "flash_attn": settings.layout.flash_attn,
         "repeats": repeats,
         "order": "each context filled once; then repeat-major passes, each shuffled (seed 0)",
         "llama_cpp_python": package_version("llama-cpp-python"),
@@ -147,7 +147,7 @@ def measure(
     from app.server.scheduling import scheduler_config
     from quanta_core.engine.llama_cpp.executor import LlamaCppExecutor
 
-    spec = QUICK if quick else GPU if settings.n_gpu_layers != 0 else FULL
+    spec = QUICK if quick else GPU if settings.layout.on_gpu else FULL
     runs = repeats if repeats is not None else spec.repeats
     config = scheduler_config(settings)
     _warn_if_busy()
@@ -365,7 +365,9 @@ def probe_only(settings: Settings, cost_model: Path | None, out: Path | None) ->
 def calibrate(
     model: Annotated[Path | None, typer.Option(help="GGUF file (default: SmolLM2-135M)")] = None,
     threads: Annotated[int | None, typer.Option(help="llama.cpp threads")] = None,
-    n_ctx: Annotated[int | None, typer.Option(help="KV cells shared by all sequences")] = None,
+    n_ctx: Annotated[
+        int | None, typer.Option(help="the longest request: each sequence slot's KV cells")
+    ] = None,
     out: Annotated[
         Path | None,
         typer.Option(
