@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 
 from quanta_core.engine.fit import (
-    GiB,
-    MiB,
     Device,
     FitError,
+    GiB,
+    MiB,
     ModelShape,
     Wanted,
     describe,
@@ -144,7 +144,12 @@ def test_a_set_memory_budget_sizes_the_kv() -> None:
 @pytest.mark.parametrize(
     ("model", "device", "wanted", "names"),
     [
-        (SMOL, THIS_CPU, Wanted(n_ctx=262144, n_seq_max=64), "QUANTA_N_CTX=262144 x QUANTA_N_SEQ_MAX=64"),
+        (
+            SMOL,
+            THIS_CPU,
+            Wanted(n_ctx=262144, n_seq_max=64),
+            "QUANTA_N_CTX=262144 x QUANTA_N_SEQ_MAX=64",
+        ),
         (SMOL, THIS_CPU, Wanted(n_ctx=1 << 20), "QUANTA_N_CTX=1048576"),
         (SMOL, THIS_CPU, Wanted(kv_memory_bytes=64 * GiB), "QUANTA_KV_MEMORY_GB"),
         (SMOL, THIS_CPU, Wanted(kv_memory_bytes=64 * MiB), "QUANTA_KV_MEMORY_GB"),

@@ -68,7 +68,8 @@ def nvidia_memory() -> tuple[int | None, int | None, str]:
     smi = shutil.which("nvidia-smi")
     if smi is None:
         return None, None, ""
-    query = [smi, "--query-gpu=index,name,memory.free,memory.total", "--format=csv,noheader,nounits"]
+    fields = "index,name,memory.free,memory.total"
+    query = [smi, f"--query-gpu={fields}", "--format=csv,noheader,nounits"]
     try:
         out = subprocess.run(
             query,

@@ -23,7 +23,7 @@ from pydantic_settings import (
 
 from app.server import engine_fit
 from quanta_core.engine.config import EngineConfig
-from quanta_core.engine.fit import GiB, EngineLayout, Wanted, describe, fit_engine
+from quanta_core.engine.fit import EngineLayout, GiB, Wanted, describe, fit_engine
 from quanta_core.scheduler.slo import QueueBound, SloConfig
 
 DEFAULT_CONFIG_FILE = Path("config/quanta.toml")

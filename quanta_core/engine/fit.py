@@ -154,18 +154,16 @@ def fit_engine(model: ModelShape, device: Device, wanted: Wanted) -> EngineLayou
     n_batch = wanted.n_batch or (GPU_N_BATCH if mem.n_gpu_layers == -1 else CPU_N_BATCH)
     budget = wanted.token_budget or (n_batch if mem.on_gpu else CPU_TOKEN_BUDGET)
     flash = wanted.flash_attn or ("on" if mem.on_gpu else "auto")
-    why["flash_attn"] = (
-        "set (QUANTA_FLASH_ATTN)"
-        if wanted.flash_attn
-        else "on with layers on a GPU"
-        if mem.on_gpu
-        else "llama.cpp's choice on a CPU"
-    )
-    why["steps"] = "set" if wanted.n_batch or wanted.token_budget else (
-        "whole prompts in a pass on a GPU"
-        if mem.on_gpu
-        else "small prefill chunks so running streams decode between them"
-    )
+    if mem.on_gpu:
+        why["flash_attn"] = "on with layers on a GPU"
+        why["steps"] = "whole prompts in a pass on a GPU"
+    else:
+        why["flash_attn"] = "llama.cpp's choice on a CPU"
+        why["steps"] = "small prefill chunks: running streams decode between them"
+    if wanted.flash_attn:
+        why["flash_attn"] = "set"
+    if wanted.n_batch or wanted.token_budget:
+        why["steps"] = "set"
     why["kv_unified"] = (
         "one buffer for all (QUANTA_KV_UNIFIED=true)"
         if wanted.kv_unified
@@ -311,9 +309,7 @@ def _context_and_slots(
             else f"the training context ({train}) in {least} slots exceeds the budget"
         )
         why["n_seq_max"] = (
-            f"the most on this device ({most})"
-            if slots == most
-            else "as many as the budget holds"
+            f"the most on this device ({most})" if slots == most else "as many as the budget holds"
         )
     if ctx > train:
         why["n_ctx"] += f"; beyond the model's training context ({train})"
