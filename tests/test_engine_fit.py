@@ -113,10 +113,21 @@ def test_the_users_settings_win() -> None:
     )
     layout = fit_engine(SMOL, THIS_CPU, wanted)
     assert shape(layout) == (True, 16384, 4, 0, "off", 256, 256, 64, 1)
+    assert layout.n_ctx == 16384  # one buffer: the longest request is the whole of it
     assert "beyond the model's training context" in layout.why["n_ctx"]
     on_h200 = fit_engine(LLAMA8B, H200, wanted)
     assert shape(on_h200) == (True, 16384, 4, 0, "off", 256, 256, 64, 1)
     assert not on_h200.on_gpu  # QUANTA_N_GPU_LAYERS=0 keeps a GPU build on the CPU
+    streams = fit_engine(SMOL, THIS_CPU, Wanted(n_ctx=2048, n_seq_max=8))
+    assert (streams.n_ctx_seq, streams.n_seq_max, streams.n_ctx) == (2048, 8, 16384)
+
+
+def test_one_buffer_unset_takes_the_cells_the_streams_would() -> None:
+    layout = fit_engine(SMOL, THIS_CPU, Wanted(kv_unified=True))
+    assert (layout.n_ctx, layout.n_seq_max, layout.kv_bytes) == (131072, 32, 131072 * 23040)
+    # set, the one buffer is QUANTA_N_CTX cells whatever the slots (the layout of old)
+    old = fit_engine(SMOL, THIS_CPU, Wanted(kv_unified=True, n_ctx=8192, n_seq_max=64))
+    assert (old.n_ctx, old.n_ctx_seq, old.n_seq_max) == (8192, 8192, 64)
 
 
 def test_a_set_context_gets_as_many_slots_as_the_budget_holds() -> None:
@@ -180,6 +191,6 @@ def test_the_start_block_says_what_was_chosen_and_why() -> None:
     text = describe(fit_engine(SMOL, THIS_CPU, Wanted()), SMOL, THIS_CPU)
     assert "4096 tokens a request (QUANTA_N_CTX)" in text
     assert "32 slots (QUANTA_N_SEQ_MAX)" in text
-    assert "32 x 4096 = 131072 cells, 2.8 GiB" in text
+    assert "a stream per sequence, 32 x 4096 = 131072 cells, 2.8 GiB" in text
     assert "KV 22.5 KiB a token" in text
     assert "1/8 of 24.0 GiB RAM" in text

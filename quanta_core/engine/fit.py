@@ -4,12 +4,15 @@ A pure function: ``fit_engine(model, device, wanted) -> EngineLayout``. The web 
 the model file and the machine and passes what the user set; every value the user set wins,
 and everything else is chosen here, with a one-line reason each (printed at start).
 
-The KV cache is llama.cpp's, allocated whole when the context is made: ``slots`` sequence
-slots of ``n_ctx_seq`` cells each, ``kv_bytes_per_token`` bytes a cell::
+The KV cache is llama.cpp's, allocated whole when the context is made, ``kv_bytes_per_token``
+bytes a cell. ``n_ctx_seq`` (``QUANTA_N_CTX``) is the longest request in either layout::
 
     kv_unified=False (the default): a stream per slot, each attends over its own cells
         slot 0 [n_ctx_seq cells] slot 1 [n_ctx_seq cells] ... slot S-1 [n_ctx_seq cells]
-    kv_unified=True: the same cells in one buffer that every sequence attends over
+    kv_unified=True: one buffer of n_ctx_seq cells that every sequence attends over
+        [n_ctx_seq cells, shared by slots 0 .. S-1]
+
+Unset, a unified buffer gets the cells the streams would have had (slots x context).
 
 The rules, in order (each is what the measurements behind it found):
 
@@ -108,7 +111,7 @@ class Wanted:
 @dataclass(frozen=True, slots=True)
 class EngineLayout:
     kv_unified: bool
-    n_ctx_seq: int  # the longest request: each sequence's cells
+    n_ctx_seq: int  # the longest request: a stream's cells, or the unified buffer's
     n_seq_max: int
     n_gpu_layers: int  # -1: all
     flash_attn: str
@@ -124,7 +127,7 @@ class EngineLayout:
     @property
     def n_ctx(self) -> int:
         """llama.cpp's n_ctx: the cells of every slot together."""
-        return self.n_ctx_seq * self.n_seq_max
+        return self.n_ctx_seq if self.kv_unified else self.n_ctx_seq * self.n_seq_max
 
     @property
     def kv_bytes(self) -> int:
@@ -150,7 +153,12 @@ def fit_engine(model: ModelShape, device: Device, wanted: Wanted) -> EngineLayou
     n_ubatch = wanted.n_ubatch or N_UBATCH
     mem = _memory(model, device, wanted, n_ubatch)
     why: dict[str, str] = {"kv_budget": mem.why_budget, "n_gpu_layers": mem.why_layers}
-    ctx, slots = _context_and_slots(model, wanted, mem, why)
+    if wanted.kv_unified:
+        ctx, slots = _unified(model, wanted, mem, why)
+    else:
+        ctx, slots = _context_and_slots(model, wanted, mem, why)
+    if ctx > model.n_ctx_train:
+        why["n_ctx"] += f"; beyond the model's training context ({model.n_ctx_train})"
     n_batch = wanted.n_batch or (GPU_N_BATCH if mem.n_gpu_layers == -1 else CPU_N_BATCH)
     budget = wanted.token_budget or (n_batch if mem.on_gpu else CPU_TOKEN_BUDGET)
     flash = wanted.flash_attn or ("on" if mem.on_gpu else "auto")
@@ -311,9 +319,24 @@ def _context_and_slots(
         why["n_seq_max"] = (
             f"the most on this device ({most})" if slots == most else "as many as the budget holds"
         )
-    if ctx > train:
-        why["n_ctx"] += f"; beyond the model's training context ({train})"
     return ctx, slots
+
+
+def _unified(
+    model: ModelShape, wanted: Wanted, mem: _Memory, why: dict[str, str]
+) -> tuple[int, int]:
+    """One buffer: QUANTA_N_CTX cells (a request may fill it), any number of slots."""
+    slots = wanted.n_seq_max or mem.slots[1]
+    if wanted.n_ctx is not None:
+        _check(wanted.n_ctx * model.kv_bytes_per_token, mem, f"QUANTA_N_CTX={wanted.n_ctx}")
+        why["n_ctx"] = "set: the one buffer's cells"
+        why["n_seq_max"] = "set" if wanted.n_seq_max else f"the most on this device ({slots})"
+        return wanted.n_ctx, slots
+    per_stream = _context_and_slots(model, replace(wanted, n_seq_max=None), mem, {})
+    cells = per_stream[0] * per_stream[1]
+    why["n_ctx"] = f"the cells {per_stream[1]} streams of {per_stream[0]} would take"
+    why["n_seq_max"] = "set" if wanted.n_seq_max else f"the most on this device ({slots})"
+    return cells, slots
 
 
 def _check(kv_bytes: int, mem: _Memory, what: str) -> None:
@@ -343,7 +366,11 @@ def describe(layout: EngineLayout, model: ModelShape, device: Device) -> str:
         else ""
     )
     layers = "all" if layout.n_gpu_layers == -1 else str(layout.n_gpu_layers)
-    kind = "one buffer" if layout.kv_unified else "a stream per sequence"
+    if layout.kv_unified:
+        cells = f"one buffer of {layout.n_ctx} cells"
+    else:
+        cells = f"a stream per sequence, {layout.n_seq_max} x {layout.n_ctx_seq} = {layout.n_ctx}"
+        cells += " cells"
     lines = [
         "engine layout (QUANTA_* settings unset are fitted; `set` marks the user's):",
         f"  model      {model.name}: {model.n_layer} layers, trained on {model.n_ctx_train} "
@@ -353,9 +380,8 @@ def describe(layout: EngineLayout, model: ModelShape, device: Device) -> str:
         f"  KV budget  {_gib(layout.kv_budget_bytes)}: {w['kv_budget']}",
         f"  n_ctx      {layout.n_ctx_seq} tokens a request (QUANTA_N_CTX): {w['n_ctx']}",
         f"  n_seq_max  {layout.n_seq_max} slots (QUANTA_N_SEQ_MAX): {w['n_seq_max']}",
-        f"  KV cache   {kind} (QUANTA_KV_UNIFIED={str(layout.kv_unified).lower()}): "
-        f"{layout.n_seq_max} x {layout.n_ctx_seq} = {layout.n_ctx} cells, "
-        f"{_gib(layout.kv_bytes)}",
+        f"  KV cache   {cells}, {_gib(layout.kv_bytes)} "
+        f"(QUANTA_KV_UNIFIED={str(layout.kv_unified).lower()})",
         f"  GPU layers {layers} (QUANTA_N_GPU_LAYERS): {w['n_gpu_layers']}",
         f"  attention  flash {layout.flash_attn} (QUANTA_FLASH_ATTN): {w['flash_attn']}",
         f"  steps      n_batch {layout.n_batch}, n_ubatch {layout.n_ubatch}, token budget "
