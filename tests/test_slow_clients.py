@@ -193,8 +193,9 @@ def test_the_real_engine_frees_a_stalled_streams_kv(model_path: Path) -> None:
     """
     from tests.server_process import start_server
 
-    # 16 slots, each holding a choice's prompt and 2,000 tokens: all 16 run at once
-    env = {"QUANTA_STREAM_WRITE_TIMEOUT_S": "1", "QUANTA_N_CTX": "2048", "QUANTA_N_SEQ_MAX": "16"}
+    # 16 slots, each holding a choice's prompt (the template's ~40 tokens) and 2,000 tokens:
+    # all 16 run at once
+    env = {"QUANTA_STREAM_WRITE_TIMEOUT_S": "1", "QUANTA_N_CTX": "2560", "QUANTA_N_SEQ_MAX": "16"}
     server = start_server(env=env)
     try:
         server.wait_ready()
