@@ -48,6 +48,10 @@ class GenerationRequest:
     # of the prompt's leading instructions (a chat's system message); None: unknown.
     key_id: str | None = None
     prefix_hash: str | None = None
+    # Prompts share cached KV only with prompts of the same salt (vLLM's ``cache_salt``):
+    # the web layer salts with the tenant, so no tenant learns another's prompts from
+    # ``cached_tokens``. None: shared with every unsalted request.
+    cache_salt: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,6 +3,8 @@
 
     gpu_bench.py serve --model M --out DIR      raw llama_decode vs Quanta served, 1..256 streams
     gpu_bench.py llama --model M --out DIR --llama-server BIN    Quanta vs llama-server
+    gpu_bench.py long --model M --out DIR --llama-server BIN     real prompt lengths: Quanta's
+                                                defaults vs llama-server -np N, 128 to 16k
     gpu_bench.py calibrate --model M --out DIR  a cost model of this machine, and the simulator's
                                                 predictions of two served runs against it
 
@@ -265,10 +267,15 @@ class Server:
 
 
 def quanta_server(
-    model: str, extra: dict[str, str] | None = None, port: int = PORT, code: str | None = None
+    model: str,
+    extra: dict[str, str] | None = None,
+    port: int = PORT,
+    code: str | None = None,
+    settings: dict[str, str] | None = None,
 ) -> tuple[Server, str]:
     """`quanta run` on ``port``; ``code``: a PYTHONPATH that puts another tree of Quanta's
-    source first (the code before a change), for the server and its set-up commands."""
+    source first (the code before a change), for the server and its set-up commands;
+    ``settings``: the engine's (default: GPU_ENV; ``{}``: Quanta's own defaults)."""
     state = tempfile.mkdtemp(prefix="quanta-db-")
     env = {
         "QUANTA_DATABASE_URL": f"sqlite+aiosqlite:///{state}/quanta.db",
@@ -277,7 +284,7 @@ def quanta_server(
         "QUANTA_MODEL_PATH": model,
         "QUANTA_PORT": str(port),
         "QUANTA_LOG_LEVEL": "warning",
-        **GPU_ENV,
+        **(GPU_ENV if settings is None else settings),
         **(extra or {}),
         **({"PYTHONPATH": code} if code else {}),
     }
@@ -655,6 +662,102 @@ def cmd_llama(args: argparse.Namespace) -> dict[str, Any]:
     return {"runs": out}
 
 
+# ---- long prompts ----
+
+# (prompt tokens, answer tokens, requests at once): the issue's 64 x 2,000 first, then the
+# bucket sweep. Sent with a batch key at T = 0.7 (the issue's shape): throughput points.
+LONG_POINTS = ((2000, 256, 64), (2000, 256, 16), (128, 256, 64), (8000, 128, 16), (16000, 128, 8))
+LONG_POINTS_SMALL = ((256, 16, 4), (512, 16, 2))
+
+
+def long_workload(path: Path, n: int, prompt: int, output: int, key: str) -> Path:
+    path.write_text(
+        f'name = "gpu-long-{n}x{prompt}"\nseed = {prompt + n}\nrequests = {n}\nrate = inf\n'
+        f'endpoint = "completions"\nignore_eos = true\ntemperature = 0.7\n\n'
+        f'[[tenants]]\nname = "long"\napi_key = "{key}"\nclass = "batch"\n'
+        f"prompt = {prompt}\noutput = {output}\n"
+    )
+    return path
+
+
+def long_row(results: Path) -> dict[str, Any]:
+    data = json.loads(results.read_text())["summary"]["overall"]
+    return {**decode_window(results), "ttft_p50_ms": data["ttft"]["p50_ms"],
+            "ttft_mean_ms": data["ttft"].get("mean_ms")}  # fmt: skip
+
+
+def batched_bench(binary: str, model: str, prompt: int, output: int, sizes: tuple[int, ...],
+                  layout: str) -> str:  # fmt: skip
+    """llama-batched-bench's table for ``sizes`` sequences of ``prompt`` + ``output`` tokens,
+    a KV stream per sequence (``-no-kvu``) or one buffer (``-kvu``)."""
+    argv = [binary, "-m", model, "-c", str(max(sizes) * (prompt + output) + 256), "-b", "2048",
+            "-ub", "512", "-npp", str(prompt), "-ntg", str(output),
+            "-npl", ",".join(map(str, sizes)), "-ngl", "999", "-fa", "on"]  # fmt: skip
+    argv.append("-kvu" if layout == "unified" else "-no-kvu")
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    return done.stdout + done.stderr[-2000:]
+
+
+def cmd_long(args: argparse.Namespace) -> dict[str, Any]:
+    """Quanta with nothing set but the model vs llama-server as users run it (``-np N``, a
+    context of N slots that hold the requests, every layer offloaded), in turns at each point;
+    then llama-batched-bench at 16 and 64 sequences x 2,048 (a stream per sequence and one
+    buffer): the engine's own decode rate, which the served rate is compared with."""
+    global PARTIAL_FILE
+    PARTIAL_FILE = args.out / "long.partial.json"
+    state = records_dir(args.out)
+    log_to = state / "client.log"
+    points = LONG_POINTS_SMALL if SMALL else LONG_POINTS
+    out: dict[str, Any] = {"points": []}
+    server, key = quanta_server(args.model, settings={})
+    server.start()  # it prints the engine layout it chose (pipeline.log)
+    rows: dict[tuple[int, int, int], dict[str, Any]] = {}
+    try:
+        for prompt, output, n in points:
+            wl = long_workload(args.out / "long.toml", n, prompt, output, key)
+            res = state / f"long-quanta-{n}x{prompt}.json"
+            common = ["--url", f"http://127.0.0.1:{PORT}", "--workload", str(wl), "--out",
+                      str(res)]  # fmt: skip
+            measure(server, f"long {n}x{prompt} quanta", common, log_to)
+            rows[(prompt, output, n)] = {"quanta": long_row(res)}
+    finally:
+        server.stop()
+    for prompt, output, n in points:
+        slot = prompt + output + 64
+        argv = [args.llama_server, "-m", args.model, "-c", str(n * slot), "-np", str(n),
+                "-ngl", "999", "--host", "127.0.0.1", "--port", str(PORT), "--no-webui",
+                "--log-disable"]  # fmt: skip
+        peer = Server(argv, {}, "/health")
+        peer.start()
+        try:
+            wl = long_workload(args.out / "long.toml", n, prompt, output, "none")
+            res = state / f"long-llama-server-{n}x{prompt}.json"
+            common = ["--url", f"http://127.0.0.1:{PORT}", "--workload", str(wl), "--out",
+                      str(res)]  # fmt: skip
+            measure(peer, f"long {n}x{prompt} llama-server -np {n}", common, log_to)
+            row = rows[(prompt, output, n)]
+            row["llama_server"] = long_row(res)
+        finally:
+            peer.stop()
+        q, p = row["quanta"], row["llama_server"]
+        point = {"prompt": prompt, "output": output, "streams": n, **row,
+                 "tokens_per_s_ratio": q["output_tokens_per_s"] / p["output_tokens_per_s"],
+                 "ttft_p50_ratio": q["ttft_p50_ms"] / p["ttft_p50_ms"]}  # fmt: skip
+        out["points"].append(point)
+        log(f"{n} x {prompt}: tokens/s {point['tokens_per_s_ratio']:.2f}x llama-server, "
+            f"first token p50 {point['ttft_p50_ratio']:.2f}x")  # fmt: skip
+        PARTIAL_FILE.write_text(json.dumps(out, indent=1))
+    bench = Path(args.llama_server).with_name("llama-batched-bench")
+    if bench.exists() and not SMALL:
+        out["batched_bench"] = {
+            layout: batched_bench(str(bench), args.model, 2048, 128, (16, 64), layout)
+            for layout in ("streams", "unified")
+        }
+    (args.out / "long.toml").unlink(missing_ok=True)
+    PARTIAL_FILE.unlink()
+    return out
+
+
 # ---- calibrate ----
 
 
@@ -823,7 +926,7 @@ def environment() -> dict[str, Any]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("bench", choices=["serve", "llama", "calibrate"])
+    parser.add_argument("bench", choices=["serve", "llama", "long", "calibrate"])
     parser.add_argument("--model", required=True)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--llama-server", default="llama-server")
@@ -846,7 +949,8 @@ def main() -> int:
     global SMALL
     SMALL = args.small
     args.out.mkdir(parents=True, exist_ok=True)
-    commands = {"serve": cmd_serve, "llama": cmd_llama, "calibrate": cmd_calibrate}
+    commands = {"serve": cmd_serve, "llama": cmd_llama, "long": cmd_long,
+                "calibrate": cmd_calibrate}  # fmt: skip
     result = {"bench": args.bench, "environment": environment(), **commands[args.bench](args)}
     name = f"{args.bench}-{args.tag}" if args.tag else args.bench
     (args.out / f"{name}.json").write_text(json.dumps(result, indent=1))

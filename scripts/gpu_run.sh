@@ -17,6 +17,8 @@
 #        build     only build (libllama + llama-server, CUDA sm_90) and write the model
 #        serve     raw llama_decode vs Quanta's served HTTP streaming at 1..256 streams
 #        llama     llama-server vs Quanta: 200 at once x 256 tokens, interactive-vs-batch flood
+#        long      real prompt lengths (2k to 16k): Quanta's defaults vs llama-server -np N,
+#                  and llama-batched-bench's decode rate by KV layout
 #        calibrate `quanta calibrate` on this machine (cost model), then two served runs (the
 #                  crowd, a steady day) and the simulator's prediction of each
 # Everything built stays in $WORK (default /tmp/quanta-gpu) so that later calls on the same warm
@@ -94,7 +96,7 @@ build() {
     fi
     log "build ($JOBS jobs)"
     # shellcheck disable=SC2086
-    cmake --build "$BUILD" -j "$JOBS" --target ${BUILD_TARGETS:-llama mtmd llama-server} \
+    cmake --build "$BUILD" -j "$JOBS" --target ${BUILD_TARGETS:-llama mtmd llama-server llama-batched-bench} \
         >"$WORK/build.log" 2>&1 ||
         { grep -m5 -B2 -A10 "error" "$WORK/build.log"; tail -20 "$WORK/build.log"; exit 1; }
     log "install"
@@ -176,7 +178,7 @@ for bench in "$@"; do
     case "$bench" in
         check) check ;;
         build) build ;;
-        serve | llama | calibrate)
+        serve | llama | long | calibrate)
             build
             env_quanta
             log "bench $bench"

@@ -561,3 +561,79 @@ def test_a_stash_comes_back_into_cells_the_prefix_cache_held(model_path: Path) -
         ex.step(StepPlan(release=("st",)))
     finally:
         ex.close()
+
+
+@pytest.fixture(scope="module")
+def streams(model_path: Path) -> Iterator[LlamaCppExecutor]:
+    """A stream of 256 cells per sequence (``kv_unified=False``), 4 sequences."""
+    config = EngineConfig(
+        model_path=str(model_path), n_ctx=4 * 256, n_seq_max=4, kv_unified=False, threads=2
+    )
+    ex = LlamaCppExecutor.start(config)
+    yield ex
+    ex.close()
+
+
+def test_a_prefix_copied_between_streams_matches_computing_it(
+    engine: LlamaCppExecutor, streams: LlamaCppExecutor, tok: Tokenizer
+) -> None:
+    """Between streams a copy is of the whole stream (then cut to the prefix): the copy
+    runs while its source decodes in the same step, and the copy's next tokens are those
+    of the prompt computed from scratch."""
+    system = tok.encode("You are a helpful assistant. Answer briefly and precisely.\n")
+    a = system + tok.encode("Question: what is two plus two?\nAnswer:", add_special=False)
+    b = system + tok.encode("Question: name a large animal.\nAnswer:", add_special=False)
+    reference = greedy_alone(engine, 5, b, 6)
+    first_a = streams.step(StepPlan(slices=(SeqSlice(0, tuple(a), 0, True, "pa"),)))
+    shared = len(system)
+    both = streams.step(
+        StepPlan(
+            kv_ops=(CopyPrefix(src=0, dst=3, n_tokens=shared),),
+            slices=(
+                SeqSlice(0, (first_a.outputs[0].token,), len(a), True, "pa"),
+                SeqSlice(3, tuple(b[shared:]), shared, True, "pb"),
+            ),
+        )
+    )
+    held = {m.seq: (m.pos_min, m.pos_max) for m in streams.memory_stats().sequences}
+    assert held == {0: (0, len(a)), 3: (0, len(b) - 1)}
+    tokens = [both.outputs[1].token]
+    pos = len(b)
+    while len(tokens) < 6:
+        res = streams.step(StepPlan(slices=(SeqSlice(3, (tokens[-1],), pos, True, "pb"),)))
+        tokens.append(res.outputs[0].token)
+        pos += 1
+    streams.step(StepPlan(kv_ops=(Truncate(0), Truncate(3)), release=("pa", "pb")))
+    assert tokens == reference
+
+
+def test_a_stream_in_a_copy_is_neither_stashed_nor_restored_in_the_same_plan(
+    streams: LlamaCppExecutor, tok: Tokenizer
+) -> None:
+    """llama.cpp copies a stream at the next decode: a stash or restore of it before that
+    would read or write cells in flight, so the worker refuses such a plan unchanged."""
+    prompt = tuple(tok.encode("Once upon a time, in a small village,"))
+    streams.step(StepPlan(slices=(SeqSlice(1, prompt, 0),)))
+    with pytest.raises(EngineInputError, match="being copied"):
+        streams.step(StepPlan(kv_ops=(CopyPrefix(1, 2, 4), Stash(2, "k"))))
+    held = {m.seq: m.pos_max for m in streams.memory_stats().sequences}
+    assert held == {1: len(prompt) - 1}
+    streams.step(StepPlan(kv_ops=(Truncate(1),)))
+
+
+def test_stash_and_restore_between_streams_continue_with_identical_tokens(
+    engine: LlamaCppExecutor, streams: LlamaCppExecutor, tok: Tokenizer
+) -> None:
+    prompt = tok.encode("The quick brown fox")
+    reference = greedy_alone(engine, 0, prompt, 6)
+    res = streams.step(StepPlan(slices=(SeqSlice(0, tuple(prompt), 0, True, "sr"),)))
+    tokens = [res.outputs[0].token]
+    streams.step(StepPlan(kv_ops=(Stash(seq=0, key="sr"),)))
+    streams.step(StepPlan(kv_ops=(Restore(seq=2, key="sr"),)))
+    pos = len(prompt)
+    while len(tokens) < 6:
+        res = streams.step(StepPlan(slices=(SeqSlice(2, (tokens[-1],), pos, True, "sr"),)))
+        tokens.append(res.outputs[0].token)
+        pos += 1
+    streams.step(StepPlan(kv_ops=(Truncate(2),), release=("sr",)))
+    assert tokens == reference

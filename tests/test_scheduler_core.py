@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import msgspec
-
 from quanta_core.engine.fake import FakeExecutor
-from quanta_core.engine.types import CopyPrefix, EngineInfo, SamplingParams, SeqSlice, Truncate
+from quanta_core.engine.types import CopyPrefix, SamplingParams, SeqSlice, Truncate
 from quanta_core.requests import ChoiceFinished, FinishReason, TokenEvent
 from quanta_core.scheduler import Scheduler
 from tests.scheduler_harness import Harness, expected_tokens, prompt
@@ -165,28 +161,19 @@ def test_cancel_of_a_waiting_request_never_runs_it() -> None:
     assert all(s.owner == "a/0" for p in h.plans for s in p.slices)
 
 
-@dataclass
-class SplitStreamsExecutor(FakeExecutor):
-    """An engine with one KV stream per sequence (``kv_unified=False``)."""
-
-    @property
-    def info(self) -> EngineInfo:
-        return msgspec.structs.replace(super().info, kv_unified=False)
-
-
-def test_without_a_unified_kv_buffer_nothing_is_shared() -> None:
-    h = Harness.make(SplitStreamsExecutor(n_ctx=256, n_seq_max=4))
+def test_with_a_stream_per_sequence_a_prompt_is_shared_by_its_slot_and_a_stream_copy() -> None:
+    h = Harness.make(FakeExecutor(n_ctx=256, n_seq_max=4, kv_unified=False))
     p = prompt(40)
     h.submit("a", p, max_tokens=2)
     h.run()
+    assert h.sched.kv.holders() == [0]  # a's slot keeps its tokens
     h.submit("b", p, max_tokens=70, n=2)
     h.run()
-    assert not any(isinstance(op, CopyPrefix) for plan in h.plans for op in plan.kv_ops)
-    # both choices prefill the whole prompt, in the same step
-    assert [(s.owner, s.start_pos, len(s.tokens)) for s in h.plans[3].slices] == [
-        ("b/0", 0, 40),
-        ("b/1", 0, 40),
-    ]
+    copies = [op for plan in h.plans for op in plan.kv_ops if isinstance(op, CopyPrefix)]
+    # A free slot and a copy as cheap as a token's compute (the fake's bytes): b/0 copies
+    # a's stream (two blocks hit) and a's slot keeps its tail; b/1 copies b/0's prompt.
+    assert copies == [CopyPrefix(src=0, dst=1, n_tokens=32), CopyPrefix(src=1, dst=2, n_tokens=39)]
+    assert [h.results()["b", i].cached_tokens for i in range(2)] == [32, 39]
     # each stream is n_ctx / n_seq_max = 64 cells: 40 + 24 tokens fill it
     assert [h.results()["b", i].completion_tokens for i in range(2)] == [24, 24]
     assert h.results()["b", 0].finish_reason is FinishReason.LENGTH

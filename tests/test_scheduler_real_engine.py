@@ -70,10 +70,17 @@ def tok(model_path: Path) -> Tokenizer:
     return Tokenizer.load(str(model_path))
 
 
-@pytest.fixture
-async def serving(model_path: Path) -> AsyncIterator[tuple[Driver, Recording]]:
+@pytest.fixture(params=[True, False], ids=["one-buffer", "stream-per-slot"])
+async def serving(
+    model_path: Path, request: pytest.FixtureRequest
+) -> AsyncIterator[tuple[Driver, Recording]]:
     config = EngineConfig(
-        model_path=str(model_path), n_ctx=2048, n_seq_max=8, n_batch=256, threads=2
+        model_path=str(model_path),
+        n_ctx=2048,
+        n_seq_max=8,
+        n_batch=256,
+        threads=2,
+        kv_unified=request.param,
     )
     executor = Recording(LlamaCppExecutor.start(config))
     scheduler = Scheduler(

@@ -93,6 +93,7 @@ class Generation:
             weight=ctx.weight,
             key_id=ctx.key_id,
             prefix_hash=plan.prefix_hash,
+            cache_salt=ctx.tenant if core.prefix_cache_per_tenant else None,
         )
 
     @property

@@ -102,4 +102,5 @@ def build_core(settings: Settings) -> Core:
         close=close,
         aliases=settings.model_aliases(),
         snapshot=driver.snapshot,
+        prefix_cache_per_tenant=settings.prefix_cache_sharing == "tenant",
     )

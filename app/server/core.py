@@ -96,6 +96,8 @@ class Core:
     aliases: tuple[str, ...] = ()  # more names clients may send for the model
     # What the scheduler is doing now, for the live view (None: a core that cannot tell).
     snapshot: Callable[[], SchedulerSnapshot] | None = None
+    # Cached prompt prefixes are shared within a tenant (its id salts the cache), else by all.
+    prefix_cache_per_tenant: bool = True
 
     @property
     def names(self) -> tuple[str, ...]:

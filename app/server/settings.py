@@ -186,6 +186,12 @@ class Settings(BaseSettings):
     )
     block_size: int = Field(default=16, ge=1, description="tokens per KV block")
     prefix_cache: bool = Field(default=True, description="share cached prompt prefixes")
+    # Within a tenant by default: a prompt cached for one tenant is a hit for another only
+    # where an admin says so, else a tenant learns from ``cached_tokens`` what others sent.
+    prefix_cache_sharing: Literal["tenant", "global"] = Field(
+        default="tenant",
+        description="whose requests share cached prefixes: each tenant its own, or everyone's",
+    )
     # Every cached cell costs every step (llama.cpp's one KV buffer: README, this setting).
     prefix_cache_tokens: int | None = Field(
         default=512,

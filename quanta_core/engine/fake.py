@@ -45,6 +45,7 @@ class FakeExecutor:
     n_seq_max: int = 16
     n_batch: int = 512
     n_vocab: int = 1000
+    kv_unified: bool = True  # False: a stream of n_ctx / n_seq_max cells per sequence
     eos_after: Mapping[str, int] = field(default_factory=dict)
     crash_at_step: int | None = None  # raise EngineDied on this step number (0-based)
     steps: list[StepPlan] = field(default_factory=list)  # every plan that ran, in order
@@ -71,7 +72,7 @@ class FakeExecutor:
             n_vocab=self.n_vocab,
             eog_tokens=(FAKE_EOS,),
             kv_bytes_per_token=KV_BYTES_PER_TOKEN,
-            kv_unified=True,
+            kv_unified=self.kv_unified,
             model_name="fake",
         )
 

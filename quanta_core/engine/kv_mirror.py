@@ -39,7 +39,9 @@ class KvMirror:
 
     @classmethod
     def for_engine(cls, info: EngineInfo) -> KvMirror:
-        return cls(info.n_seq_max, info.n_ctx, info.n_batch, info.n_vocab)
+        # ``n_ctx``: the positions one sequence may hold (its stream's, with one per sequence)
+        n_ctx = info.n_ctx if info.kv_unified else info.n_ctx // info.n_seq_max
+        return cls(info.n_seq_max, n_ctx, info.n_batch, info.n_vocab)
 
     def n_tokens(self, seq: int) -> int:
         return self.lengths.get(seq, 0)

@@ -44,6 +44,7 @@ class SeqTable:
     table: list[Block] = field(default_factory=list)
     hashes: list[int] = field(default_factory=list)  # chained hashes of its computed full blocks
     num_tokens: int = 0  # tokens the table has room reserved for
+    root: int = ROOT_HASH  # the parent of its first block's hash (its cache salt's)
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +130,17 @@ class KvManager:
     def holders(self) -> list[int]:
         return list(self._holders)
 
+    def block_map(self) -> str:
+        """One character per block, in block-id order: ``a`` active, ``s`` shared by several
+        running sequences, ``c`` cached, ``f`` free."""
+        chars = []
+        for b in self.pool.blocks:
+            if b.n_active:
+                chars.append("s" if len(b.seqs) > 1 else "a")
+            else:
+                chars.append("c" if b.seqs else "f")
+        return "".join(chars)
+
     @property
     def has_pending_ops(self) -> bool:
         return bool(self._ops)
@@ -158,17 +170,28 @@ class KvManager:
 
     # ---- admission ----
 
+    def shares_prefix(self, n_tokens: int) -> bool:
+        """Whether a sequence may start from another's first ``n_tokens`` rather than compute
+        them: always, in one buffer (a copy shares cells, it moves no data)."""
+        return True
+
     def allocate(
-        self, tokens: Sequence[int], budget: int, copy_from: tuple[int, int] | None = None
+        self,
+        tokens: Sequence[int],
+        budget: int,
+        copy_from: tuple[int, int] | None = None,
+        chain: BlockChain | None = None,
     ) -> Allocation | None:
         """Give a new sequence id the longest shared prefix of ``tokens`` and room for a chunk.
 
         ``copy_from=(seq, n)`` shares the first ``n`` tokens of a running sibling (n > 1
-        choices); otherwise the prefix cache is asked. At least the last token of ``tokens``
-        is left to compute, so there are logits to sample from. ``None`` (and nothing
-        changed) when a sequence id or the blocks are lacking.
+        choices); otherwise the prefix cache is asked, under ``chain``'s root (the request's
+        cache salt; ``chain`` is ``tokens``' block chain, as ``commit`` takes it). At least
+        the last token of ``tokens`` is left to compute, so there are logits to sample from.
+        ``None`` (and nothing changed) when a sequence id or the blocks are lacking.
         """
-        sizing = self._size_start(tokens, budget, copy_from)
+        root = ROOT_HASH if chain is None else chain.root
+        sizing = self._size_start(tokens, budget, copy_from, root)
         if sizing is None:
             return None
         shared, hashes, src, n_copy, from_cache, num_new, need, pinned = sizing
@@ -177,7 +200,7 @@ class KvManager:
         seq = self._acquire_seq(exclude=src)
         if seq is None and from_cache:
             # The only reclaimable id is the hit's holder: give up the hit, not the request.
-            return self._allocate_plain(tokens, budget)
+            return self._allocate_plain(tokens, budget, root)
         if seq is None:
             return None
         if from_cache:
@@ -185,7 +208,7 @@ class KvManager:
             self.cache.hits += n_copy
         elif copy_from is None and self.enable_prefix_cache:
             self.cache.queries += len(tokens)
-        st = SeqTable(seq, SeqRole.ACTIVE, hashes=list(hashes))
+        st = SeqTable(seq, SeqRole.ACTIVE, hashes=list(hashes), root=root)
         self._seqs[seq] = st
         if src is not None:
             self._ops.append(CopyPrefix(src=src, dst=seq, n_tokens=n_copy))
@@ -198,7 +221,11 @@ class KvManager:
         return Allocation(seq, n_copy, num_new, n_copy if from_cache else 0)
 
     def _size_start(
-        self, tokens: Sequence[int], budget: int, copy_from: tuple[int, int] | None
+        self,
+        tokens: Sequence[int],
+        budget: int,
+        copy_from: tuple[int, int] | None,
+        root: int = ROOT_HASH,
     ) -> _StartSize | None:
         """What ``allocate`` would take: the shared prefix (blocks, hashes, source, tokens,
         whether from the cache), the new tokens, the blocks to reserve and the cached blocks
@@ -216,7 +243,7 @@ class KvManager:
             shared = sibling.table[: n_copy // bs]
             hashes = sibling.hashes[: len(shared)]
         elif self.enable_prefix_cache:
-            found, hashes = self.cache.lookup(tokens, (len(tokens) - 1) // bs)
+            found, hashes = self.cache.lookup(tokens, (len(tokens) - 1) // bs, root)
             if found:
                 # The copy gives the source's own blocks: the chain may have found a parent
                 # in another sequence that holds the same content in other cells.
@@ -239,6 +266,7 @@ class KvManager:
         budget: int,
         copy_from: tuple[int, int] | None = None,
         evict: bool = False,
+        chain: BlockChain | None = None,
     ) -> bool:
         """Whether ``allocate`` fails now for want of blocks and goes on failing while the
         active sequences only grow from free blocks (nothing freed, evicted or started).
@@ -254,7 +282,9 @@ class KvManager:
         min(the prompt's blocks - the hit's, the budget's blocks)) and every block grown
         takes one from free plus cached: it stays if the need is above free plus cached,
         pinned or not."""
-        sizing = self._size_start(tokens, budget, copy_from)
+        sizing = self._size_start(
+            tokens, budget, copy_from, ROOT_HASH if chain is None else chain.root
+        )
         if sizing is None:
             return False
         _, hashes, _, _, _, _, need, pinned = sizing
@@ -306,7 +336,9 @@ class KvManager:
         needs.sort()
         return needs[free] - 1  # the step before the first block beyond the free ones
 
-    def _allocate_plain(self, tokens: Sequence[int], budget: int) -> Allocation | None:
+    def _allocate_plain(
+        self, tokens: Sequence[int], budget: int, root: int = ROOT_HASH
+    ) -> Allocation | None:
         num_new = min(len(tokens), budget)
         if cdiv(num_new, self.block_size) > self.num_free_blocks:
             return None
@@ -314,7 +346,7 @@ class KvManager:
         if seq is None:
             return None
         self.cache.queries += len(tokens)
-        st = SeqTable(seq, SeqRole.ACTIVE)
+        st = SeqTable(seq, SeqRole.ACTIVE, root=root)
         self._seqs[seq] = st
         self._reserve(st, num_new)
         return Allocation(seq, 0, num_new, 0)
@@ -335,7 +367,7 @@ class KvManager:
         seq = self._acquire_seq(exclude=None)
         if seq is None:
             return None
-        st = SeqTable(seq, SeqRole.ACTIVE)
+        st = SeqTable(seq, SeqRole.ACTIVE, root=ROOT_HASH if chain is None else chain.root)
         self._seqs[seq] = st
         # Reserve first: the cached blocks it evicts are truncated in the engine before the
         # restore needs their cells (llama.cpp finds the stash's cells when it reads it).
@@ -391,7 +423,7 @@ class KvManager:
             chain.upto(tokens, bs, n_full)
             self._register(st, chain.hashes, chain.keys, n_full, evicted_after, step)
             return
-        parent = hashes[-1] if hashes else ROOT_HASH
+        parent = hashes[-1] if hashes else st.root
         for i in range(len(hashes), n_full):
             key = (parent, tuple(tokens[i * bs : (i + 1) * bs]))  # ``block_key``, inline
             parent = hash(key)

@@ -1,20 +1,34 @@
 """Chained block hashes and the map from a full block's hash to the block that holds it.
 
     tokens  [a b c d][e f g h][i j]          block_size = 4
-    hash    h0=H(ROOT,(a b c d))  h1=H(h0,(e f g h))   (the partial block has no hash)
+    hash    h0=H(root,(a b c d))  h1=H(h0,(e f g h))   (the partial block has no hash)
 
 A hash names a block's content *and* everything before it, so a chain of hits is a prefix.
 Entries keep their key and a hit compares it, so a hash collision is a miss, never wrong KV.
+
+The root is the request's cache salt (``root_hash``): requests with different salts never
+share a block, so a tenant whose salt is its own cannot learn from ``cached_tokens`` what
+another tenant sent.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from quanta_core.kv.block_pool import Block, BlockKey, KvIntegrityError
 
-ROOT_HASH = 0x5157_414E_5441  # the parent of a sequence's first block
+ROOT_HASH = 0x5157_414E_5441  # the parent of an unsalted sequence's first block
+
+
+def root_hash(salt: str | None) -> int:
+    """The parent of the first block of a sequence salted with ``salt`` (None: no salt).
+    A digest, not ``hash()``: a str's ``hash()`` changes with each process."""
+    if salt is None:
+        return ROOT_HASH
+    digest = hashlib.blake2b(salt.encode(), digest_size=8, key=b"quanta-cache-salt").digest()
+    return int.from_bytes(digest, "little") ^ ROOT_HASH
 
 
 def block_key(parent: int, tokens: Sequence[int]) -> BlockKey:
@@ -22,11 +36,15 @@ def block_key(parent: int, tokens: Sequence[int]) -> BlockKey:
 
 
 def chain_hashes(
-    tokens: Sequence[int], block_size: int, n_blocks: int, start: Sequence[int] = ()
+    tokens: Sequence[int],
+    block_size: int,
+    n_blocks: int,
+    start: Sequence[int] = (),
+    root: int = ROOT_HASH,
 ) -> list[int]:
     """Hashes of the first ``n_blocks`` full blocks of ``tokens``, reusing ``start``."""
     hashes = list(start)
-    parent = hashes[-1] if hashes else ROOT_HASH
+    parent = hashes[-1] if hashes else root
     for i in range(len(hashes), n_blocks):
         parent = hash(block_key(parent, tokens[i * block_size : (i + 1) * block_size]))
         hashes.append(parent)
@@ -42,12 +60,13 @@ class BlockChain:
 
     hashes: list[int] = field(default_factory=list)
     keys: list[BlockKey] = field(default_factory=list)
+    root: int = ROOT_HASH  # the parent of the first block: the cache salt's (``root_hash``)
 
     def upto(self, tokens: Sequence[int], block_size: int, n_blocks: int) -> None:
         """Hash ``tokens``' blocks up to the first ``n_blocks`` (``tokens`` are the list
         this chain is of, and hold them)."""
         hashes, keys, bs = self.hashes, self.keys, block_size
-        parent = hashes[-1] if hashes else ROOT_HASH
+        parent = hashes[-1] if hashes else self.root
         for i in range(len(hashes), n_blocks):
             key = (parent, tuple(tokens[i * bs : (i + 1) * bs]))  # ``block_key``, inline
             parent = hash(key)
@@ -62,11 +81,14 @@ class PrefixCache:
         self.queries = 0  # prompt tokens looked up
         self.hits = 0  # of those, tokens found
 
-    def lookup(self, tokens: Sequence[int], max_blocks: int) -> tuple[list[Block], list[int]]:
-        """The longest chain of cached blocks that starts ``tokens`` (at most ``max_blocks``)."""
+    def lookup(
+        self, tokens: Sequence[int], max_blocks: int, root: int = ROOT_HASH
+    ) -> tuple[list[Block], list[int]]:
+        """The longest chain of cached blocks that starts ``tokens`` (at most ``max_blocks``)
+        under the salt whose root is ``root``."""
         found: list[Block] = []
         hashes: list[int] = []
-        parent = ROOT_HASH
+        parent = root
         bs = self.block_size
         for i in range(max_blocks):
             key = block_key(parent, tokens[i * bs : (i + 1) * bs])

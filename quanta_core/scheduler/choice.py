@@ -15,7 +15,7 @@ from enum import Enum
 import msgspec
 
 from quanta_core.engine.types import SamplingParams, SeqOutput, TopLogprob
-from quanta_core.kv.prefix_cache import BlockChain
+from quanta_core.kv.prefix_cache import BlockChain, root_hash
 from quanta_core.requests import (
     ChoiceResult,
     ChoiceTimings,
@@ -95,6 +95,7 @@ class Choice:
 
     @classmethod
     def choices_of(cls, req: GenerationRequest, arrival: float, order: int) -> list[Choice]:
+        root = root_hash(req.cache_salt)
         choices = [
             cls(
                 request_id=req.request_id,
@@ -110,6 +111,7 @@ class Choice:
                 order=order,
                 key_id=req.key_id,
                 prefix_hash=req.prefix_hash,
+                block_chain=BlockChain(root=root),
             )
             for i in range(req.n)
         ]

@@ -57,6 +57,9 @@ class SchedulerConfig:
     # where a stash+restore of 1,000 tokens takes ~5 ms and prefill runs at ~220 tokens/s).
     stash_bytes_per_s: float = 4.6e9
     prefill_tokens_per_s: float = 220.0
+    # What decides copying a prefix between KV streams (a stream per sequence) or computing
+    # it: a copy moves the whole stream, at this rate (bench/results/kv-layout).
+    stream_copy_bytes_per_s: float = 4.6e9
     # A request that was on the engine this many times when it died is failed, not retried.
     max_engine_deaths_per_request: int = 2
     # Run KvManager.check_integrity() after every cycle (tests; O(blocks) per cycle).
@@ -73,6 +76,8 @@ class SchedulerConfig:
             raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
         if self.prefix_cache_tokens is not None and self.prefix_cache_tokens < 0:
             raise ValueError(f"prefix_cache_tokens must be >= 0, got {self.prefix_cache_tokens}")
+        if self.stream_copy_bytes_per_s <= 0:
+            raise ValueError(f"stream_copy_bytes_per_s must be > 0: {self}")
         if self.stash_budget_bytes < 0:
             raise ValueError(f"stash_budget_bytes must be >= 0, got {self.stash_budget_bytes}")
 

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 
 from quanta_core.engine.types import KvOp
 from quanta_core.kv.kv_manager import KvManager
+from quanta_core.kv.slots import SlotManager
 from quanta_core.scheduler.choice import Choice
 
 
@@ -68,7 +69,7 @@ class DecodeRun:
 
 
 def block_events(
-    kv: KvManager, run: DecodeRun, steps: int
+    kv: KvManager | SlotManager, run: DecodeRun, steps: int
 ) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
     """The (step, slice) pairs, in that order, whose slice needs a new block in that step
     (grows) and after which one of its blocks is full (hashes), over ``steps`` steps."""
@@ -100,7 +101,7 @@ def block_events(
     return grows, hashes
 
 
-def grow_and_hash(kv: KvManager, run: DecodeRun, steps: int) -> None:
+def grow_and_hash(kv: KvManager | SlotManager, run: DecodeRun, steps: int) -> None:
     """The KV side of ``steps`` steps of ``run`` whose blocks come from free ones, in the
     order the cycles would have done it (the choices' tokens already hold what the steps
     sampled)."""
@@ -126,7 +127,7 @@ class RunGrowth:
     its step still held is not taken by the new block (``KvManager.commit``'s
     ``evicted_after``)."""
 
-    def __init__(self, kv: KvManager, run: DecodeRun) -> None:
+    def __init__(self, kv: KvManager | SlotManager, run: DecodeRun) -> None:
         self.kv, self.run = kv, run
         self._grows, self._hashes = block_events(kv, run, run.steps)
         self._next = 0  # the first grow not made yet

@@ -19,6 +19,7 @@ once (the policy's ``on_submit``): start, queue, or reject, possibly shedding qu
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -33,6 +34,7 @@ from quanta_core.engine.types import (
     StepResult,
 )
 from quanta_core.kv.kv_manager import KvManager
+from quanta_core.kv.slots import SlotManager
 from quanta_core.predictor import LengthPredictor
 from quanta_core.requests import (
     ChoiceFinished,
@@ -60,7 +62,6 @@ from quanta_core.scheduler.snapshot import (
     DecisionLog,
     SchedulerSnapshot,
     Step,
-    block_map,
     step_rates,
 )
 
@@ -110,18 +111,7 @@ class Scheduler:
         self.clock = clock
         bs = config.block_size
         num_blocks = config.num_kv_blocks or info.n_ctx // bs
-        # Copying a partial prefix between sequences needs llama.cpp's unified KV buffer; with
-        # one stream per sequence it aborts the process. Without it nothing is shared.
-        self.share_kv = info.kv_unified
-        self.kv = KvManager(
-            num_blocks,
-            bs,
-            info.n_seq_max,
-            config.enable_prefix_cache and self.share_kv,
-            max_cached_blocks=None
-            if config.prefix_cache_tokens is None
-            else config.prefix_cache_tokens // bs,
-        )
+        self.kv: KvManager | SlotManager = make_kv(config, info)
         self.policy = make_policy(config.policy, config)
         self.policy.set_pool(num_blocks, bs)
         # Every served choice's length teaches it, whatever the policy (it is saved with the
@@ -131,10 +121,13 @@ class Scheduler:
         self.token_budget = min(config.token_budget, info.n_batch)
         self.max_running = min(config.max_running, info.n_seq_max)
         self.base_limits = StepLimits(self.max_running, self.token_budget)
-        # The longest a sequence may grow: positions must fit the context and blocks the pool.
-        # (With one stream per sequence, each stream is n_ctx / n_seq_max cells.)
-        n_ctx_seq = info.n_ctx if info.kv_unified else info.n_ctx // info.n_seq_max
-        self.max_seq_tokens = min(n_ctx_seq, num_blocks * bs)
+        # The longest a sequence may grow: positions must fit the context and blocks the pool
+        # (with one stream per sequence, its slot: n_ctx / n_seq_max cells).
+        self.max_seq_tokens = (
+            min(info.n_ctx, num_blocks * bs)
+            if isinstance(self.kv, KvManager)
+            else self.kv.slot_tokens
+        )
         self.eog = frozenset(info.eog_tokens)
         self.costs = PreemptionCosts(
             info.kv_bytes_per_token,
@@ -184,8 +177,8 @@ class Scheduler:
             self._shed(victim.request_id, verdict.shed_retry_after_s)
         self._groups[req.request_id] = choices
         self.policy.waiting.push(choices[0])
-        if not self.share_kv:
-            self._unblock_siblings(choices[0])  # they cannot share the prompt: no waiting
+        if len(choices) > 1 and not self.kv.shares_prefix(len(req.prompt_tokens) - 1):
+            self._unblock_siblings(choices[0])  # computing the prompt costs less: no waiting
         return verdict
 
     def _shed(self, request_id: str, retry_after_s: float | None) -> None:
@@ -268,7 +261,7 @@ class Scheduler:
             now=now,
             policy=self.policy.name.value,
             block_size=self.kv.block_size,
-            blocks=block_map(self.kv.pool.blocks),
+            blocks=self.kv.block_map(),
             running=tuple(ChoiceView.of(r, now) for r in self._running),
             waiting=tuple(ChoiceView.of(r, now) for r in waiting),
             tenants=self.policy.tenant_stats(self._running),
@@ -388,7 +381,7 @@ class Scheduler:
             self._stash_bytes.pop(r.stash_key, None)
             r.restored_key, r.stash_key = r.stash_key, None
         else:
-            adm = self.kv.allocate(r.tokens, budget, self._copy_from(r))
+            adm = self.kv.allocate(r.tokens, budget, self._copy_from(r), r.block_chain)
             if adm is None:
                 return None
         r.seq = adm.seq
@@ -408,7 +401,7 @@ class Scheduler:
         """The sibling sequence whose prompt ``r`` may copy: choice 0's, while it holds it
         (not so after a crash or preemption)."""
         parent = r.parent
-        if parent is None or parent.seq is None or not self.share_kv:
+        if parent is None or parent.seq is None:
             return None
         if parent.num_computed_tokens < r.prompt_len - 1:
             return None
@@ -571,9 +564,10 @@ class Scheduler:
                 True if self.kv.restore_stays_blocked(r.tokens, r.stash_tokens, allowed) else None
             )
         copy_from = self._copy_from(r)
-        if self.kv.start_stays_blocked(r.tokens, allowed, copy_from, evict=True):
+        chain = r.block_chain
+        if self.kv.start_stays_blocked(r.tokens, allowed, copy_from, evict=True, chain=chain):
             return True
-        if self.kv.start_stays_blocked(r.tokens, allowed, copy_from):
+        if self.kv.start_stays_blocked(r.tokens, allowed, copy_from, chain=chain):
             return False
         return None
 
@@ -844,3 +838,30 @@ class Scheduler:
         self._by_seq.clear()
         self.kv.reset(wipe_engine=wipe)
         return forgotten
+
+
+def make_kv(config: SchedulerConfig, info: EngineInfo) -> KvManager | SlotManager:
+    """The KV manager for the engine's layout: blocks over one buffer (``kv_unified``), or a
+    slot per sequence id (a stream each)."""
+    bs = config.block_size
+    if info.kv_unified:
+        return KvManager(
+            config.num_kv_blocks or info.n_ctx // bs,
+            bs,
+            info.n_seq_max,
+            config.enable_prefix_cache,
+            max_cached_blocks=None
+            if config.prefix_cache_tokens is None
+            else config.prefix_cache_tokens // bs,
+        )
+    slot_tokens = info.n_ctx // info.n_seq_max
+    # A stream copy moves every cell of the slot, whatever the prefix: it pays for a prefix
+    # that would take longer to compute than the slot's bytes take to copy.
+    copy_s = slot_tokens * info.kv_bytes_per_token / config.stream_copy_bytes_per_s
+    return SlotManager(
+        info.n_seq_max,
+        slot_tokens,
+        bs,
+        config.enable_prefix_cache,
+        min_copy_tokens=math.ceil(copy_s * config.prefill_tokens_per_s),
+    )

@@ -87,7 +87,8 @@ def _nothing() -> None:
 
 
 class Engine:
-    """One model, one context with ``n_seq_max`` sequences over a unified KV buffer."""
+    """One model, one context with ``n_seq_max`` sequences: over one KV buffer
+    (``kv_unified``), or a stream of ``n_ctx / n_seq_max`` cells each."""
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
@@ -114,6 +115,8 @@ class Engine:
         self.vocab = llama_cpp.llama_model_get_vocab(self.model)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
         self.n_ctx = llama_cpp.llama_n_ctx(self.ctx)
+        # The most positions one sequence may hold: its own stream's cells, or the buffer's.
+        self.n_ctx_seq = llama_cpp.llama_n_ctx_seq(self.ctx)
         self.n_batch = llama_cpp.llama_n_batch(self.ctx)
         self.eog = tuple(
             t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self.vocab, t)
@@ -229,7 +232,7 @@ class Engine:
         slices = []
         for out in reply.result.outputs:
             end, s = ends[out.seq]
-            if out.token not in self._eog_set and end < self.n_ctx:
+            if out.token not in self._eog_set and end < self.n_ctx_seq:
                 slices.append(SeqSlice(out.seq, (out.token,), end, True, s.owner, s.sampling))
         if not slices:
             return
@@ -294,8 +297,8 @@ class Engine:
         for s in plan.slices:
             if not 0 <= s.seq < n_seq:
                 raise InputError(f"unknown sequence {s.seq}")
-            if s.start_pos + len(s.tokens) > self.n_ctx:
-                raise InputError(f"sequence {s.seq} overflows the context of {self.n_ctx}")
+            if s.start_pos + len(s.tokens) > self.n_ctx_seq:
+                raise InputError(f"sequence {s.seq} overflows its context of {self.n_ctx_seq}")
             if s.tokens and not 0 <= min(s.tokens) <= max(s.tokens) < self.n_vocab:
                 raise InputError(f"sequence {s.seq}: token id out of range")
         for op in plan.kv_ops:
@@ -304,11 +307,33 @@ class Engine:
                 raise InputError(f"unknown sequence in {op}")
             if isinstance(op, Restore) and op.key not in blobs:
                 raise InputError(f"restore of {op.key!r} without its bytes")
+        if not self.config.kv_unified:
+            self._check_stream_copies(plan.kv_ops)
+
+    def _check_stream_copies(self, ops: tuple[KvOp, ...]) -> None:
+        """llama.cpp copies a stream at the next decode, not when asked: until then neither
+        stream may be read or written by a stash, a restore or another copy's destination,
+        and a destination is no source yet (one source may feed several copies)."""
+        in_flight: set[int] = set()
+        copied_into: set[int] = set()
+        for op in ops:
+            if isinstance(op, CopyPrefix):
+                if op.src in copied_into or op.dst in in_flight:
+                    raise InputError(f"{op}: a stream of it is already being copied")
+                in_flight.update((op.src, op.dst))
+                copied_into.add(op.dst)
+            elif isinstance(op, Stash | Restore) and op.seq in in_flight:
+                raise InputError(f"{op}: its stream is being copied")
 
     def _apply(self, op: KvOp, blobs: dict[str, bytes]) -> bytes | None:
         match op:
-            case CopyPrefix(src=src, dst=dst, n_tokens=n):
+            case CopyPrefix(src=src, dst=dst, n_tokens=n) if self.config.kv_unified:
                 llama_cpp.llama_memory_seq_cp(self.memory, src, dst, 0, n)
+            case CopyPrefix(src=src, dst=dst, n_tokens=n):
+                # Between streams llama.cpp copies only a whole stream (a partial copy aborts
+                # the process): all of it, then cut what the plan did not ask for.
+                llama_cpp.llama_memory_seq_cp(self.memory, src, dst, -1, -1)
+                llama_cpp.llama_memory_seq_rm(self.memory, dst, n, -1)
             case Truncate(seq=seq, start=start):
                 llama_cpp.llama_memory_seq_rm(self.memory, seq, start, -1)
             case Stash(seq=seq):
