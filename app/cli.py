@@ -65,8 +65,13 @@ def run(
         str | None, typer.Option(help="more model ids for it (aliases), comma-separated")
     ] = None,
     policy: Annotated[str | None, typer.Option(help="scheduling policy")] = None,
-    n_ctx: Annotated[int | None, typer.Option(help="KV cells shared by all sequences")] = None,
-    n_seq_max: Annotated[int | None, typer.Option(help="engine sequence slots")] = None,
+    n_ctx: Annotated[
+        int | None,
+        typer.Option(help="the longest request, prompt + output (unset: fitted to the machine)"),
+    ] = None,
+    n_seq_max: Annotated[
+        int | None, typer.Option(help="engine sequence slots (unset: fitted to the machine)")
+    ] = None,
     threads: Annotated[int | None, typer.Option(help="llama.cpp threads")] = None,
     n_gpu_layers: Annotated[
         int | None, typer.Option(help="layers on the GPU (0: none, -1: all)")

@@ -86,9 +86,9 @@ def fake_engine_core(settings: Settings) -> Core:
 
     tokenizer = Tokenizer.load(str(default_model_path()))
     executor = TimedExecutor(
-        n_ctx=settings.n_ctx,
-        n_seq_max=settings.n_seq_max,
-        n_batch=settings.n_batch,
+        n_ctx=settings.layout.n_ctx,
+        n_seq_max=settings.layout.n_seq_max,
+        n_batch=settings.layout.n_batch,
         n_vocab=tokenizer.n_vocab,
     )
     clock = WallClock()

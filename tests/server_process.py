@@ -78,6 +78,9 @@ def start_server(
     environment = {
         **os.environ,
         "QUANTA_CONFIG": "/nonexistent/quanta.toml",
+        # A server's KV defaults to 1/8 of the RAM; a test's takes at most 1 GiB of it, as
+        # the suite runs beside other work (its slots and context are fitted to that).
+        "QUANTA_KV_MEMORY_GB": "1",
         "PYTHONPATH": str(ROOT),
         **db.env(),
         **(env or {}),

@@ -59,3 +59,14 @@ def test_sigterm_drains_in_flight_streams_then_exits_cleanly(model_path: Path) -
 def test_a_core_that_cannot_start_makes_run_exit_nonzero(model_path: Path) -> None:
     server = start_server("--policy", "no-such-policy")
     assert server.process.wait(60) == 1
+
+
+def test_a_layout_that_cannot_fit_stops_the_start_naming_the_setting(
+    model_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    env = {"QUANTA_N_CTX": "262144", "QUANTA_N_SEQ_MAX": "64"}  # 360 GiB of KV
+    server = start_server(env=env)
+    assert server.process.wait(60) == 1
+    err = capfd.readouterr().err
+    assert "the engine cannot start: QUANTA_N_CTX=262144 x QUANTA_N_SEQ_MAX=64 needs" in err
+    assert "Traceback" not in err

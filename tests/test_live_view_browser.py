@@ -57,7 +57,9 @@ def server(model_path: Path) -> Iterator[tuple[ServerProcess, list[str]]]:
     db = fresh_db()
     keys = [db.create_key("alice"), db.create_key("bob")]
     env = {"QUANTA_POLICY": "vtc", "QUANTA_MAX_RUNNING": str(MAX_RUNNING)}
-    proc = start_server("--n-ctx", "8192", "--threads", "1", "--grace", "2", db=db, env=env)
+    # 4 slots of 2,048 tokens: the block map's 8,192 cells; a 1,500-token request fits a slot
+    flags = ("--n-ctx", "2048", "--n-seq-max", "4", "--threads", "1", "--grace", "2")
+    proc = start_server(*flags, db=db, env=env)
     try:
         proc.wait_ready()
         yield proc, keys

@@ -44,7 +44,7 @@ def test_quanta_is_the_server_default_and_max_running_does_not_govern() -> None:
     settings = Settings(_env_file=None)  # type: ignore[call-arg]
     assert settings.policy == "quanta"
     assert isinstance(make_policy(settings.policy), QuantaPolicy)
-    assert settings.max_running >= settings.n_seq_max
+    assert settings.max_running >= settings.layout.n_seq_max
 
 
 @pytest.mark.parametrize("step_seq_s", [0.0113, 0.03])

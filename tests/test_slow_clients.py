@@ -193,7 +193,10 @@ def test_the_real_engine_frees_a_stalled_streams_kv(model_path: Path) -> None:
     """
     from tests.server_process import start_server
 
-    server = start_server(env={"QUANTA_STREAM_WRITE_TIMEOUT_S": "1", "QUANTA_N_CTX": "32768"})
+    # 16 slots, each holding a choice's prompt (the template's ~40 tokens) and 2,000 tokens:
+    # all 16 run at once
+    env = {"QUANTA_STREAM_WRITE_TIMEOUT_S": "1", "QUANTA_N_CTX": "2560", "QUANTA_N_SEQ_MAX": "16"}
+    server = start_server(env=env)
     try:
         server.wait_ready()
         model = httpx.get(f"{server.url}/v1/models", headers=server.auth).json()["data"][0]["id"]

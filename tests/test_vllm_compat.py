@@ -30,6 +30,8 @@ def server(model_path: Path) -> Iterator[ServerProcess]:
     proc = start_server(
         "--n-ctx",
         "2048",
+        "--n-seq-max",
+        "8",
         "--threads",
         "1",
         "--grace",
@@ -243,5 +245,5 @@ def test_vllm_gauges_carry_the_quanta_values_under_load(
         for t in threads:
             t.join()
     info = [k for k in gauges(server) if k.startswith("vllm:cache_config_info")]
-    # n_ctx 2048 in blocks of 16 tokens
-    assert info == ['vllm:cache_config_info{block_size="16",num_gpu_blocks="128"}']
+    # 8 slots of 2048 tokens in blocks of 16 tokens
+    assert info == ['vllm:cache_config_info{block_size="16",num_gpu_blocks="1024"}']

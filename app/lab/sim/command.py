@@ -110,8 +110,13 @@ def sim_setup(
     config = scheduler_config(settings)
     if kv_blocks is not None:
         config = dataclasses.replace(config, num_kv_blocks=kv_blocks)
+    layout = settings.layout
     engine = EngineConfig(
-        model_path="", n_ctx=settings.n_ctx, n_seq_max=settings.n_seq_max, n_batch=settings.n_batch
+        model_path="",
+        n_ctx=layout.n_ctx,
+        n_seq_max=layout.n_seq_max,
+        n_batch=layout.n_batch,
+        kv_unified=layout.kv_unified,
     )
     info = sim_engine_info(
         n_ctx=engine.n_ctx,
