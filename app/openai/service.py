@@ -16,6 +16,7 @@ from app.openai.render import ChatRenderer, Collected, CompletionRenderer, Heade
 from app.openai.sampling import PromptPlan, chat_plan, completion_plan
 from app.openai.schemas import ChatCompletionRequest, CompletionRequest
 from app.openai.streaming import event_stream
+from app.openai.tool_parser import with_tool_calls
 from app.server.context import RequestContext
 from app.server.core import Core
 from app.server.errors import ModelNotFound
@@ -70,6 +71,8 @@ class CompletionService:
             generation.on_sent = ctx.gate.sent
         generation.start()  # a refusal is the response's status, before any body
         updates = generation.updates()
+        if plan.tools is not None:
+            updates = with_tool_calls(updates, plan.tools, request.n)
         if not request.stream:
             choices = await unless_disconnected(receive, _collect(updates, request.n))
             response = Response(renderer.whole(choices, generation.usage()))
