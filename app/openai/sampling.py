@@ -40,6 +40,7 @@ class PromptPlan:
     prefix_hash: str | None = None
     tools: ToolSetup | None = None  # the request's tools: its answers are read for calls
     stop_token_ids: frozenset[int] = frozenset()
+    answer_prefix: str = ""  # the answer's start, put in the prompt: its text comes first
 
 
 def system_prompt_hash(messages: Sequence[Mapping[str, Any]]) -> str | None:
@@ -85,24 +86,30 @@ def chat_plan(
         )
     except ValueError as exc:  # ChatTemplateError: the model's template refused the messages
         raise InvalidParameter("messages", f"the chat template failed: {exc}") from exc
+    spec = None if setup is None else setup.grammar(answer_schema(request.response_format))
+    answer_prefix = ""
+    if spec is not None:
+        # An answer that must call starts the same way every time: that start is prompt.
+        spec = dataclasses.replace(spec, prefilled=True)
+        answer_prefix = spec.prefix()
+        prompt += tokenizer.encode(answer_prefix, add_special=False, parse_special=True)
     wanted = request.max_completion_tokens or request.max_tokens
     logprobs = (request.top_logprobs or 0) if request.logprobs else None
     plan = _plan(request, prompt, wanted, "messages", logprobs, tokenizer, grammars, n_ctx)
     stop_ids = frozenset(request.stop_token_ids or ())
     if any(t >= tokenizer.n_vocab for t in stop_ids):
         raise InvalidParameter("stop_token_ids", f"token ids must be below {tokenizer.n_vocab}")
-    if setup is not None:
-        spec = setup.grammar(answer_schema(request.response_format))
-        if spec is not None:
-            grammar = _compile(lambda: grammars.tool_calls(spec), "tools")
-            plan = dataclasses.replace(
-                plan, sampling=msgspec.structs.replace(plan.sampling, grammar=grammar)
-            )
+    if spec is not None:
+        grammar = _compile(lambda: grammars.tool_calls(spec), "tools")
+        plan = dataclasses.replace(
+            plan, sampling=msgspec.structs.replace(plan.sampling, grammar=grammar)
+        )
     return dataclasses.replace(
         plan,
         prefix_hash=system_prompt_hash(messages),
         tools=setup if setup is not None and setup.parses else None,
         stop_token_ids=stop_ids,
+        answer_prefix=answer_prefix,
     )
 
 

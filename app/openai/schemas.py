@@ -357,3 +357,44 @@ class ErrorBody(msgspec.Struct):
 
 class ErrorResponse(msgspec.Struct):
     error: ErrorBody
+
+
+# ---- /tokenize and /detokenize (vLLM's and llama-server's extension) ----
+
+
+class TokenizeRequest(_Request, kw_only=True):
+    """One of ``prompt`` (vLLM), ``content`` (llama-server) or ``messages`` (rendered by
+    the model's chat template, as vLLM does)."""
+
+    model: str | None = None
+    prompt: str | None = None
+    content: str | None = None
+    messages: Annotated[list[ChatMessageIn], Meta(min_length=1)] | None = None
+    add_special_tokens: bool = True  # vLLM's name
+    add_special: bool | None = None  # llama-server's name (wins when given)
+    add_generation_prompt: bool = True
+
+
+class TokenizeResponse(msgspec.Struct):
+    tokens: list[int]
+    count: int
+    max_model_len: int
+
+
+class DetokenizeRequest(_Request, kw_only=True):
+    model: str | None = None
+    tokens: Annotated[list[TokenId], Meta(max_length=1_000_000)]
+
+
+class DetokenizeResponse(msgspec.Struct):
+    prompt: str  # vLLM's name
+    content: str  # llama-server's name
+
+
+class ResponseEvent(msgspec.Struct):
+    """One event of a streamed response (``event: <type>`` then this as ``data:``): the
+    other fields depend on ``type`` (``response.created``, ``response.output_text.delta``,
+    ``response.completed``, … as OpenAI's Responses API sends them)."""
+
+    type: str
+    sequence_number: int

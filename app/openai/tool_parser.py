@@ -171,11 +171,14 @@ def _opening_tail(text: str) -> int:
 
 
 async def with_tool_calls(
-    updates: AsyncIterator[Update], setup: ToolSetup, n: int
+    updates: AsyncIterator[Update], setup: ToolSetup, n: int, prefix: str = ""
 ) -> AsyncIterator[Update]:
-    """``updates`` with each choice's calls read out of its text; a choice that made calls
-    and stopped finishes with ``tool_calls``."""
+    """``updates`` with each choice's calls read out of its text (which starts with
+    ``prefix``, put in the prompt); a choice that made calls and stopped finishes with
+    ``tool_calls``."""
     extractors = [CallExtractor(setup) for _ in range(n)]
+    for extractor in extractors:
+        extractor.push(prefix)  # the start of a call: nothing to release yet
     async for update in updates:
         extractor = extractors[update.index]
         text, calls = extractor.push(update.piece.text)

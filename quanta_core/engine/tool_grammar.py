@@ -12,6 +12,8 @@ calls is a JSON document of that schema (``response_format`` beside tools).
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass
 
 
@@ -31,3 +33,20 @@ class ToolCallGrammar:
     trigger: str = "<tool_call>"
     # Instead of free text, a JSON answer of this schema (JSON text) or calls.
     answer: str | None = None
+    # The answer's first ``prefix()`` characters are in the prompt already: the grammar
+    # starts after them (only for answers that must call; see ``prefix``).
+    prefilled: bool = False
+
+    def head(self, name: str) -> str:
+        """How a call of ``name`` starts, up to its arguments (which may follow a space)."""
+        return "{" + f'"name": {json.dumps(name)}, {json.dumps(self.args_key)}:'
+
+    def prefix(self) -> str:
+        """What every answer starts with when it must call: the opening and as much of the
+        call as all the offered functions share (all of it up to the arguments for one).
+        Put in the prompt, the model computes it once instead of sampling it under the
+        grammar, token by token, in every choice."""
+        if self.text or self.answer is not None or self.min_calls < 1 or not self.functions:
+            return ""
+        heads = [self.head(name) for name, _ in self.functions]
+        return self.before + self.open + os.path.commonprefix(heads)  # noqa: RUF071

@@ -95,21 +95,17 @@ def json_schema_grammar(schema: dict[str, Any]) -> str:
 
 def tool_call_grammar(spec: ToolCallGrammar) -> str:
     """A grammar for ``spec``'s calls (see ``ToolCallGrammar``); a function's schema that
-    cannot be enforced raises ``SchemaError`` naming the function."""
+    cannot be enforced raises ``SchemaError`` naming the function.
+
+    Each call is written one way, ``{"name": "f", "arguments": {...}}`` (one optional space
+    before the arguments): the grammar gains nothing from freedom in its frame."""
     converter = _converter()
-    calls = []
+    arguments = []
     for i, (name, parameters) in enumerate(spec.functions):
         schema = _own_defs(json.loads(parameters), f"f{i}-")
         try:
             check_schema(schema)
-            schema = converter.resolve_refs(schema, f"f{i}")
-            call = {
-                "type": "object",
-                "properties": {"name": {"const": name}, spec.args_key: schema},
-                "required": ["name", spec.args_key],
-                "additionalProperties": False,
-            }
-            calls.append(converter.visit(call, f"call{i}"))
+            arguments.append(converter.visit(converter.resolve_refs(schema, f"f{i}"), f"args{i}"))
         except SchemaError as exc:
             raise SchemaError(f"function '{name}': {exc}") from exc
         except Exception as exc:
@@ -127,22 +123,34 @@ def tool_call_grammar(spec: ToolCallGrammar) -> str:
         rules["char"] = STRICT_CHAR
     if spec.text:
         rules.update(_free_text(spec.trigger, "tc-free"))
-    if not calls or spec.max_calls == 0:
+    if not arguments or spec.max_calls == 0:
         if answer is None and not spec.text:
             raise SchemaError("no function to call")
         rules["root"] = answer or "tc-free"
         return _rules_text(rules)
-    block = f"{_literal(spec.open)} ( {' | '.join(calls)} )"
-    if spec.close:
-        block += f" {_literal(spec.close)}"
-    rules["tc-block"] = block
-    rules["tc-calls"] = _repeat("tc-block", spec.separator, spec)
-    body = " ".join(part for part in (_literal(spec.before), "tc-calls", _literal(spec.after)))
-    body = body.replace('"" ', "").replace(' ""', "")
-    if answer is not None:
-        rules["root"] = f"{answer} | {body}"
+    close = f" {_literal(spec.close)}" if spec.close else ""
+
+    def calls(skip: int) -> str:
+        return " | ".join(
+            f"{_literal(spec.head(name)[skip:])} " * bool(spec.head(name)[skip:])
+            + f'" "? {args} "}}"'
+            for (name, _), args in zip(spec.functions, arguments, strict=True)
+        )
+
+    rules["tc-block"] = f"{_literal(spec.open)} ( {calls(0)} ){close}"
+    more = f"( {_literal(spec.separator)} tc-block )" if spec.separator else "tc-block"
+    rules["tc-more"] = _repeat(more, spec)
+    after = f" {_literal(spec.after)}" if spec.after else ""
+    if spec.prefilled and (prefix := spec.prefix()):
+        skip = len(prefix) - len(spec.before) - len(spec.open)
+        rules["root"] = f"( {calls(skip)} ){close} tc-more{after}"
     else:
-        rules["root"] = f"tc-free ( {body} )?" if spec.text else body
+        before = f"{_literal(spec.before)} " if spec.before else ""
+        body = f"{before}tc-block tc-more{after}"
+        if answer is not None:
+            rules["root"] = f"{answer} | {body}"
+        else:
+            rules["root"] = f"tc-free ( {body} )?" if spec.text else body
     return _rules_text(rules)
 
 
@@ -258,14 +266,13 @@ def _literal(text: str) -> str:
     return json.dumps(text) if text else '""'
 
 
-def _repeat(item: str, separator: str, spec: ToolCallGrammar) -> str:
-    more_min = max(spec.min_calls - 1, 0)
-    more = f"( {_literal(separator)} {item} )" if separator else item
+def _repeat(item: str, spec: ToolCallGrammar) -> str:
+    """``item`` for the calls after the first: between min_calls - 1 and max_calls - 1."""
+    low = max(spec.min_calls - 1, 0)
     if spec.max_calls is None:
-        tail = f"{more}*" if more_min == 0 else f"{more}{{{more_min},}}"
-    else:
-        tail = f"{more}{{{more_min},{max(spec.max_calls - 1, more_min)}}}"
-    return f"{item} {tail}"
+        return f"{item}*" if low == 0 else f"{item}{{{low},}}"
+    high = max(spec.max_calls - 1, low)
+    return '""' if high == 0 else f"{item}{{{low},{high}}}"
 
 
 def _free_text(word: str, name: str) -> dict[str, str]:
