@@ -33,6 +33,7 @@ COMPLETION_RESPONSES = {
     503: _error("Not ready (loading or shutting down) or overloaded; see Retry-After"),
 }
 MODEL_RESPONSES = {404: _error("`model_not_found`"), 503: _error("Not ready")}
+TOKENIZE_RESPONSES = {404: _error("`model_not_found` (when `model` is given)")}
 STORED_RESPONSES = {404: _error("No response with this id stored for the key's tenant")}
 
 

@@ -14,6 +14,7 @@ from app.openai.openapi import (
     COMPLETION_RESPONSES,
     MODEL_RESPONSES,
     STORED_RESPONSES,
+    TOKENIZE_RESPONSES,
     ChatStreamingOperation,
     CompletionStreamingOperation,
     ResponseStreamingOperation,
@@ -172,13 +173,23 @@ class TokenizeController(Controller):
     middleware = [ApiKeyAuthentication]  # noqa: RUF012
     dependencies = MappingProxyType({"tokenizer": Provide(provide_tokenizer, sync_to_thread=False)})
 
-    @post("/tokenize", status_code=200, summary="Token ids of a text or a chat")
+    @post(
+        "/tokenize",
+        status_code=200,
+        summary="Token ids of a text or a chat",
+        responses=TOKENIZE_RESPONSES,
+    )
     async def tokenize(
         self, data: JSONBody[TokenizeRequest], tokenizer: NamedDependency[TokenizeService]
     ) -> TokenizeResponse:
         return tokenizer.tokenize(data)
 
-    @post("/detokenize", status_code=200, summary="The text of token ids")
+    @post(
+        "/detokenize",
+        status_code=200,
+        summary="The text of token ids",
+        responses=TOKENIZE_RESPONSES,
+    )
     async def detokenize(
         self, data: JSONBody[DetokenizeRequest], tokenizer: NamedDependency[TokenizeService]
     ) -> DetokenizeResponse:
