@@ -126,7 +126,7 @@ def test_a_streamed_call_equals_the_whole_one(client: OpenAI, model: str) -> Non
 
 def test_parallel_calls_have_their_own_ids_and_indexes(client: OpenAI, model: str) -> None:
     r = client.chat.completions.create(
-        model=model, messages=ASK, tools=TOOLS, tool_choice="required", n=6, max_tokens=120, seed=3
+        model=model, messages=ASK, tools=TOOLS, tool_choice="required", n=4, max_tokens=100, seed=3
     )
     many = [c.message.tool_calls for c in r.choices if len(c.message.tool_calls or []) >= 2]
     assert many, [c.message.tool_calls for c in r.choices]
@@ -140,8 +140,8 @@ def test_parallel_calls_have_their_own_ids_and_indexes(client: OpenAI, model: st
         messages=ASK,
         tools=TOOLS,
         tool_choice="required",
-        n=6,
-        max_tokens=120,
+        n=4,
+        max_tokens=100,
         seed=3,
         stream=True,
     )
@@ -246,10 +246,10 @@ def test_json_object_ends_within_its_budget(client: OpenAI, model: str) -> None:
         model=model,
         messages=[{"role": "user", "content": "Describe a cat as a JSON object."}],
         response_format={"type": "json_object"},
-        n=8,
+        n=4,
         temperature=1.0,
         seed=11,
-        max_tokens=150,
+        max_tokens=100,
     )
     for c in r.choices:
         assert "\t" not in (c.message.content or "")  # whitespace is at most one space
