@@ -160,7 +160,7 @@ class ChatCompletionRequest(_Sampling, kw_only=True):
     max_completion_tokens: PositiveInt | None = None
     logprobs: bool = False
     top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
-    tools: Annotated[list[ToolDef], Meta(max_length=128)] | None = None
+    tools: Annotated[list[ToolDef], Meta(min_length=1, max_length=128)] | None = None
     tool_choice: ToolChoice | None = None  # "auto" with tools, else "none"
     parallel_tool_calls: bool | None = None  # true: one or more calls per answer
     # Parameters the SDKs send by default, accepted (docs/api.md says what each does here):
