@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.server.core import Core, CoreStats
+from quanta_core.engine.tool_grammar import ToolCallGrammar
 from quanta_core.engine.types import TopLogprob
 from quanta_core.requests import (
     ChoiceFinished,
@@ -39,13 +40,14 @@ class ByteTokenizer:
     """One token per UTF-8 byte."""
 
     n_vocab = 256
+    chat_template: str | None = None
 
     def encode(
         self, text: str, *, add_special: bool = True, parse_special: bool = False
     ) -> list[int]:
         return list(text.encode())
 
-    def encode_chat(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+    def encode_chat(self, messages: Sequence[Mapping[str, Any]], **options: Any) -> list[int]:
         if any(m["role"] == "assistant" and m["content"] == "RAISE" for m in messages):
             raise ValueError("template refused")
         return self.encode("".join(f"<{m['role']}>{m['content']}\n" for m in messages) + "<a>")
@@ -65,6 +67,11 @@ class FakeGrammars:
         if schema.get("type") == "bogus":
             raise ValueError("unsupported type 'bogus'")
         return "root ::= " + json.dumps(schema)
+
+    def tool_calls(self, spec: ToolCallGrammar) -> str:
+        for _, parameters in spec.functions:
+            self.json_schema(json.loads(parameters))
+        return "root ::= " + json.dumps([name for name, _ in spec.functions])
 
 
 @dataclass

@@ -235,8 +235,10 @@ def assert_error(r: Any, status: int, code: str | None, param: str | None) -> di
 async def test_unknown_and_invalid_parameters_are_400s_naming_them(
     client: AsyncTestClient[Litestar],
 ) -> None:
-    error = assert_error(await chat(client, tools=[]), 400, "unrecognized_argument", "tools")
-    assert error["type"] == "invalid_request_error" and "tools" in error["message"]
+    error = assert_error(
+        await chat(client, frobnicate=1), 400, "unrecognized_argument", "frobnicate"
+    )
+    assert error["type"] == "invalid_request_error" and "frobnicate" in error["message"]
     assert_error(await chat(client, temperature=3), 400, "invalid_parameter", "temperature")
     assert_error(await chat(client, n=0), 400, "invalid_parameter", "n")
     assert_error(await chat(client, stop=["a"] * 17), 400, "invalid_parameter", "stop")

@@ -24,6 +24,7 @@ TABLES = {
     "usage_daily",
     "audit_log",
     "admin_credentials",
+    "stored_responses",
 }
 
 

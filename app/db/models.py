@@ -1,5 +1,5 @@
 """Tables of tenancy: tenants, API keys, quota policies, the usage ledger, its daily rollup,
-the audit log and the generated admin credential.
+the audit log and the generated admin credential; and the tenants' stored responses.
 
 Times are Unix seconds (floats): one portable type for SQLite and PostgreSQL alike, and the
 unit the API speaks. Ids are prefixed and sort by creation (``ten_``, ``key_``).
@@ -146,6 +146,22 @@ class AuditEntry(Base):
     target_type: Mapped[str] = mapped_column(String(16))
     target_id: Mapped[str] = mapped_column(ID)
     details: Mapped[str] = mapped_column(Text)  # JSON; never a key's value
+
+
+class StoredResponse(Base):
+    """A response kept by ``POST /v1/responses`` (``store: true``), readable only by its
+    tenant: the response as sent, and the conversation that ``previous_response_id``
+    continues (the input messages and the answer, without ``instructions``)."""
+
+    __tablename__ = "stored_responses"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(
+        ID, ForeignKey("tenants.id", ondelete="CASCADE"), index=True
+    )
+    created_at: Mapped[float] = mapped_column(Float)
+    conversation: Mapped[str] = mapped_column(Text)  # JSON: chat messages
+    response: Mapped[str] = mapped_column(Text)  # JSON: the response object
 
 
 class AdminCredential(Base):

@@ -38,12 +38,23 @@ class Piece:
     logprobs: tuple[LogprobEntry, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One whole call read from a choice's text; ``index``: its place in the choice's calls."""
+
+    index: int
+    id: str
+    name: str
+    arguments: str  # JSON
+
+
 @dataclass
 class ChoiceText:
     detokenizer: Detokenizer
     stop: StopMatcher
     vocab: Tokenizer
     want_logprobs: bool = False
+    stop_ids: frozenset[int] = frozenset()  # vLLM's stop_token_ids: end the choice, unshown
     n_tokens: int = 0  # tokens consumed (up to and including the one completing a stop)
     released: int = 0  # tokens whose text has been released
     _produced: int = 0  # characters decoded so far, held back or not
@@ -59,6 +70,14 @@ class ChoiceText:
         if self.stopped:
             return Piece("", ())
         self.n_tokens += 1
+        if event.token in self.stop_ids:
+            held = self.detokenizer.flush()
+            self._produced += len(held)
+            text = self.stop.push(held)
+            if not self.stopped:
+                text += self.stop.flush()
+                self.stop.stopped = True
+            return self._release(text, everything=True)
         text = self.detokenizer.push(event.token)
         start, self._produced = self._produced, self._produced + len(text)
         entry = self._entry(event, start) if self.want_logprobs else None

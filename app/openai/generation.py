@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from app.openai.choices import ChoiceText, Piece
+from app.openai.choices import ChoiceText, Piece, ToolCall
 from app.openai.sampling import PromptPlan
 from app.openai.schemas import PromptTokensDetails, ServerTiming, Usage
 from app.openai.stop import StopMatcher
@@ -42,7 +42,7 @@ from quanta_core.requests import (
 )
 from quanta_core.scheduler.admission import Refused
 
-Finish = Literal["stop", "length"]
+Finish = Literal["stop", "length", "tool_calls"]
 _WHOLE = (FinishReason.STOP, FinishReason.LENGTH)
 
 
@@ -52,6 +52,7 @@ class Update:
     piece: Piece
     finish_reason: Finish | None = None
     timing: ServerTiming | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
 
 
 class Generation:
@@ -71,7 +72,11 @@ class Generation:
         self.prompt_tokens = len(plan.prompt_tokens)
         self._choices = [
             ChoiceText(
-                core.tokenizer.detokenizer(), StopMatcher(plan.stops), core.tokenizer, logprobs
+                core.tokenizer.detokenizer(),
+                StopMatcher(plan.stops),
+                core.tokenizer,
+                logprobs,
+                plan.stop_token_ids,
             )
             for _ in range(n)
         ]

@@ -14,7 +14,7 @@ import msgspec
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.openapi.spec import OpenAPIMediaType, OpenAPIResponse, Operation
 
-from app.openai.schemas import ChatCompletionChunk, Completion, ErrorResponse
+from app.openai.schemas import ChatCompletionChunk, Completion, ErrorResponse, ResponseEvent
 
 SSE = "text/event-stream"
 
@@ -33,14 +33,16 @@ COMPLETION_RESPONSES = {
     503: _error("Not ready (loading or shutting down) or overloaded; see Retry-After"),
 }
 MODEL_RESPONSES = {404: _error("`model_not_found`"), 503: _error("Not ready")}
+TOKENIZE_RESPONSES = {404: _error("`model_not_found` (when `model` is given)")}
+STORED_RESPONSES = {404: _error("No response with this id stored for the key's tenant")}
 
 
-def _chunk_schema(chunk: type[msgspec.Struct], path: str) -> dict[str, Any]:
+def _chunk_schema(chunk: type[msgspec.Struct], path: str, description: str) -> dict[str, Any]:
     """The chunk's JSON schema, its ``$defs`` addressed where they sit in the document."""
     pointer = path.replace("~", "~0").replace("/", "~1")
     where = f"#/paths/{pointer}/post/responses/200/content/text~1event-stream/schema/$defs"
     (ref,), defs = msgspec.json.schema_components([chunk], ref_template=where + "/{name}")
-    return {**ref, "$defs": defs, "description": _SSE_DESCRIPTION}
+    return {**ref, "$defs": defs, "description": description}
 
 
 _SSE_DESCRIPTION = (
@@ -48,18 +50,28 @@ _SSE_DESCRIPTION = (
     "here; the last line is `data: [DONE]`. An error after the stream started is one "
     '`data: {"error": {...}}` line.'
 )
+_RESPONSE_EVENTS = (
+    "With `stream: true`: server-sent events, each an `event: <type>` line and a `data:` "
+    "line holding the event: `response.created`, `response.in_progress`, then per output "
+    "item `response.output_item.added`, its deltas (`response.output_text.delta`, "
+    "`response.function_call_arguments.delta`) and `response.output_item.done`, and last "
+    "`response.completed` (`response.incomplete` when cut by `max_output_tokens`) with the "
+    "whole response. An error after the stream started is one `error` event."
+)
 
 
 @dataclass
 class _StreamingOperation(Operation):
     chunk: ClassVar[type[msgspec.Struct]]
     path: ClassVar[str]
+    events: ClassVar[str] = _SSE_DESCRIPTION
 
     def __post_init__(self) -> None:
         ok = (self.responses or {}).get("200")
         if isinstance(ok, OpenAPIResponse):
             content = dict(ok.content or {})
-            content[SSE] = OpenAPIMediaType(schema=_chunk_schema(self.chunk, self.path))  # type: ignore[arg-type]
+            schema: Any = _chunk_schema(self.chunk, self.path, self.events)
+            content[SSE] = OpenAPIMediaType(schema=schema)
             ok.content = content
             ok.description = "The completion as JSON, or with `stream: true` as events"
 
@@ -74,3 +86,10 @@ class ChatStreamingOperation(_StreamingOperation):
 class CompletionStreamingOperation(_StreamingOperation):
     chunk = Completion
     path = "/v1/completions"
+
+
+@dataclass
+class ResponseStreamingOperation(_StreamingOperation):
+    chunk = ResponseEvent
+    path = "/v1/responses"
+    events = _RESPONSE_EVENTS

@@ -10,7 +10,7 @@ from typing import Protocol
 
 import msgspec
 
-from app.openai.choices import LogprobEntry
+from app.openai.choices import LogprobEntry, ToolCall
 from app.openai.generation import Finish, Update
 from app.openai.schemas import (
     ChatChoice,
@@ -23,8 +23,12 @@ from app.openai.schemas import (
     CompletionChoice,
     CompletionLogprobs,
     Delta,
+    FunctionCallDelta,
+    FunctionCallOut,
     ServerTiming,
     TokenLogprob,
+    ToolCallDelta,
+    ToolCallOut,
     TopLogprobOut,
     Usage,
 )
@@ -38,10 +42,12 @@ class Collected:
     logprobs: list[LogprobEntry] = field(default_factory=list)
     finish_reason: Finish = "length"
     timing: ServerTiming | None = None
+    tool_calls: list[ToolCall] = field(default_factory=list)
 
     def add(self, update: Update) -> None:
         self.text.append(update.piece.text)
         self.logprobs.extend(update.piece.logprobs)
+        self.tool_calls.extend(update.tool_calls)
         if update.finish_reason is not None:
             self.finish_reason = update.finish_reason
             self.timing = update.timing
@@ -107,7 +113,7 @@ def _timing(timing: ServerTiming | None) -> ServerTiming | msgspec.UnsetType:
 
 def _events(renderer: Renderer, text: TextEvent, update: Update) -> bytes:
     piece = update.piece
-    if piece.text and update.finish_reason is None and not piece.logprobs:
+    if piece.text and update.finish_reason is None and not piece.logprobs and not update.tool_calls:
         return text.render(update.index, piece.text)
     return b"".join([sse(chunk) for chunk in renderer.chunks(update)])
 
@@ -154,6 +160,9 @@ class ChatRenderer:
                     [ChatChunkChoice(update.index, delta, self._logprobs(piece.logprobs), None)]
                 )
             )
+        for call in update.tool_calls:
+            deltas = _call_deltas(call)
+            out.extend(self._chunk([ChatChunkChoice(update.index, d, None, None)]) for d in deltas)
         if update.finish_reason is not None:
             done = ChatChunkChoice(
                 update.index, Delta(), None, update.finish_reason, _timing(update.timing)
@@ -176,7 +185,7 @@ class ChatRenderer:
             choices=[
                 ChatChoice(
                     index=i,
-                    message=ChatMessageOut(role="assistant", content="".join(c.text)),
+                    message=_message(c),
                     logprobs=self._logprobs(c.logprobs),
                     finish_reason=c.finish_reason,
                     quanta=_timing(c.timing),
@@ -184,6 +193,35 @@ class ChatRenderer:
                 for i, c in enumerate(choices)
             ],
         )
+
+
+def _message(choice: Collected) -> ChatMessageOut:
+    text = "".join(choice.text)
+    if not choice.tool_calls:
+        return ChatMessageOut(role="assistant", content=text)
+    calls = [
+        ToolCallOut(call.id, FunctionCallOut(call.name, call.arguments))
+        for call in choice.tool_calls
+    ]
+    return ChatMessageOut(role="assistant", content=text or None, tool_calls=calls)
+
+
+def _call_deltas(call: ToolCall) -> list[Delta]:
+    """A call as OpenAI streams it: its id and name first, then its arguments."""
+    return [
+        Delta(
+            tool_calls=[
+                ToolCallDelta(
+                    call.index, call.id, "function", FunctionCallDelta(call.name, arguments="")
+                )
+            ]
+        ),
+        Delta(
+            tool_calls=[
+                ToolCallDelta(call.index, function=FunctionCallDelta(arguments=call.arguments))
+            ]
+        ),
+    ]
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,15 +8,19 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from app.openai.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
     ResponseFormat,
 )
+from app.openai.tools import ToolSetup, chat_messages, template_tools, tool_setup
 from app.server.core import Grammars, Tokenizer
 from app.server.errors import ContextLengthExceeded, InvalidParameter, UnsupportedParameter
 from quanta_core.engine.types import SamplingParams
@@ -34,9 +38,12 @@ class PromptPlan:
     stops: tuple[str, ...]
     # The leading system messages' hash: what predicts the answer's length (quanta_core.predictor)
     prefix_hash: str | None = None
+    tools: ToolSetup | None = None  # the request's tools: its answers are read for calls
+    stop_token_ids: frozenset[int] = frozenset()
+    answer_prefix: str = ""  # the answer's start, put in the prompt: its text comes first
 
 
-def system_prompt_hash(messages: Sequence[Mapping[str, str]]) -> str | None:
+def system_prompt_hash(messages: Sequence[Mapping[str, Any]]) -> str | None:
     """A short hash of a chat's leading system messages (None: it has none)."""
     head = []
     for m in messages:
@@ -61,18 +68,61 @@ def chat_plan(
     check_stream_options(request)
     if request.top_logprobs is not None and not request.logprobs:
         raise InvalidParameter("top_logprobs", "top_logprobs requires 'logprobs' to be true")
-    messages = [
-        {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-        for m in request.messages
-    ]
+    setup = tool_setup(
+        request.tools, request.tool_choice, request.parallel_tool_calls, tokenizer.chat_template
+    )
+    messages = chat_messages(request.messages, setup)
+    if request.continue_final_message and messages[-1]["role"] != "assistant":
+        raise InvalidParameter(
+            "continue_final_message", "continue_final_message needs a final assistant message"
+        )
     try:
-        prompt = tokenizer.encode_chat(messages)
+        prompt = tokenizer.encode_chat(
+            messages,
+            tools=template_tools(setup) if setup is not None else None,
+            continue_final_message=request.continue_final_message,
+            add_generation_prompt=request.add_generation_prompt,
+            extra=request.chat_template_kwargs,
+        )
     except ValueError as exc:  # ChatTemplateError: the model's template refused the messages
         raise InvalidParameter("messages", f"the chat template failed: {exc}") from exc
+    spec = None if setup is None else setup.grammar(answer_schema(request.response_format))
+    answer_prefix = ""
+    if spec is not None:
+        # An answer that must call starts the same way every time: that start is prompt.
+        spec = dataclasses.replace(spec, prefilled=True)
+        answer_prefix = spec.prefix()
+        prompt += tokenizer.encode(answer_prefix, add_special=False, parse_special=True)
     wanted = request.max_completion_tokens or request.max_tokens
     logprobs = (request.top_logprobs or 0) if request.logprobs else None
     plan = _plan(request, prompt, wanted, "messages", logprobs, tokenizer, grammars, n_ctx)
-    return dataclasses.replace(plan, prefix_hash=system_prompt_hash(messages))
+    stop_ids = frozenset(request.stop_token_ids or ())
+    if any(t >= tokenizer.n_vocab for t in stop_ids):
+        raise InvalidParameter("stop_token_ids", f"token ids must be below {tokenizer.n_vocab}")
+    if spec is not None:
+        grammar = _compile(lambda: grammars.tool_calls(spec), "tools")
+        plan = dataclasses.replace(
+            plan, sampling=msgspec.structs.replace(plan.sampling, grammar=grammar)
+        )
+    return dataclasses.replace(
+        plan,
+        prefix_hash=system_prompt_hash(messages),
+        tools=setup if setup is not None and setup.parses else None,
+        stop_token_ids=stop_ids,
+        answer_prefix=answer_prefix,
+    )
+
+
+def answer_schema(response_format: ResponseFormat | None) -> str | None:
+    """``response_format``'s schema as JSON text (None: free text)."""
+    if response_format is None or response_format.type == "text":
+        return None
+    if response_format.type == "json_object":
+        return json.dumps({"type": "object"})
+    spec = response_format.json_schema
+    if spec is None or not spec.schema_:
+        return None  # refused where the grammar is made
+    return json.dumps(spec.schema_)
 
 
 def completion_plan(
@@ -167,13 +217,11 @@ def grammar(response_format: ResponseFormat | None, grammars: Grammars) -> str |
         raise InvalidParameter(
             "response_format.json_schema", "json_schema needs a 'json_schema' with a 'schema'"
         )
-    return _compile(lambda: grammars.json_schema(spec.schema_))
+    return _compile(lambda: grammars.json_schema(spec.schema_), "response_format.json_schema")
 
 
-def _compile(make: Callable[[], str]) -> str:
+def _compile(make: Callable[[], str], param: str) -> str:
     try:
         return make()
     except (ValueError, TypeError, KeyError, NotImplementedError, RecursionError) as exc:
-        raise InvalidParameter(
-            "response_format.json_schema", f"the JSON schema cannot be enforced: {exc}"
-        ) from exc
+        raise InvalidParameter(param, f"the JSON schema cannot be enforced: {exc}") from exc

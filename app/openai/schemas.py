@@ -27,6 +27,7 @@ RepetitionPenalty = Annotated[float, Meta(gt=0.0, le=10.0)]  # 1 is off; vLLM as
 StopString = Annotated[str, Meta(min_length=1, max_length=1024)]
 Stop = StopString | Annotated[list[StopString], Meta(max_length=16)]
 Choices = Annotated[int, Meta(ge=1, le=16)]
+TokenId = Annotated[int, Meta(ge=0, le=MAX_INT32)]
 
 
 class _Request(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -40,10 +41,29 @@ class TextPart(_Request, kw_only=True, tag_field="type", tag="text"):
     text: str
 
 
+FunctionName = Annotated[str, Meta(pattern="^[a-zA-Z0-9_.-]{1,64}$")]
+
+
+class ToolCallFunctionIn(_Request, kw_only=True):
+    name: str
+    arguments: str  # JSON, as the model wrote it
+
+
+class ToolCallIn(_Request, kw_only=True):
+    """A call the assistant made, as the client sends the history back."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: ToolCallFunctionIn
+
+
 class ChatMessageIn(_Request, kw_only=True):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None  # an assistant's
+    tool_call_id: str | None = None  # a tool result's: which call it answers
+    refusal: str | None = None  # an assistant's, as the SDKs echo it back
 
     def text(self) -> str:
         if self.content is None:
@@ -69,6 +89,36 @@ class JsonSchemaSpec(_Request, kw_only=True):
 class ResponseFormat(_Request, kw_only=True):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaSpec | None = None
+
+
+class FunctionDef(_Request, kw_only=True):
+    name: FunctionName
+    description: str | None = None
+    # A JSON schema; its keywords that the grammar cannot enforce are a 400 naming them.
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolDef(_Request, kw_only=True):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(_Request, kw_only=True):
+    name: str
+
+
+class NamedToolChoice(_Request, kw_only=True):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
+
+
+class Prediction(_Request, kw_only=True):
+    type: Literal["content"]
+    content: str | list[TextPart]
 
 
 class _Sampling(_Request, kw_only=True):
@@ -110,9 +160,25 @@ class ChatCompletionRequest(_Sampling, kw_only=True):
     max_completion_tokens: PositiveInt | None = None
     logprobs: bool = False
     top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
+    tools: Annotated[list[ToolDef], Meta(min_length=1, max_length=128)] | None = None
+    tool_choice: ToolChoice | None = None  # "auto" with tools, else "none"
+    parallel_tool_calls: bool | None = None  # true: one or more calls per answer
+    # Parameters the SDKs send by default, accepted (docs/api.md says what each does here):
+    # honoured:
+    stop_token_ids: Annotated[list[TokenId], Meta(max_length=64)] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    continue_final_message: bool = False
+    add_generation_prompt: bool = True
+    modalities: list[Literal["text"]] | None = None  # text is all this server makes
+    # accepted and ignored: nothing is stored, no tier or reasoning budget to choose, and
+    # a predicted output changes only speed, not the answer.
+    store: bool | None = None
+    metadata: Annotated[dict[str, str], Meta(max_length=16)] | None = None
+    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+    prediction: Prediction | None = None
 
 
-TokenId = Annotated[int, Meta(ge=0, le=MAX_INT32)]
 # One prompt: text, or token ids; a list of one text or one token-id list is accepted too.
 # (msgspec allows one array type per union, so the list's shape is checked in sampling.py.)
 Prompt = str | Annotated[list[str | TokenId | list[TokenId]], Meta(min_length=1)]
@@ -167,13 +233,25 @@ class ChatLogprobs(msgspec.Struct):
     refusal: None = None
 
 
+class FunctionCallOut(msgspec.Struct):
+    name: str
+    arguments: str  # JSON
+
+
+class ToolCallOut(msgspec.Struct):
+    id: str
+    function: FunctionCallOut
+    type: Literal["function"] = "function"
+
+
 class ChatMessageOut(msgspec.Struct):
     role: Literal["assistant"]
-    content: str
+    content: str | None
     refusal: None = None
+    tool_calls: list[ToolCallOut] | UnsetType = UNSET
 
 
-FinishReasonOut = Literal["stop", "length"]
+FinishReasonOut = Literal["stop", "length", "tool_calls"]
 
 
 class ChatChoice(msgspec.Struct):
@@ -194,9 +272,22 @@ class ChatCompletion(msgspec.Struct):
     system_fingerprint: str | None = None
 
 
+class FunctionCallDelta(msgspec.Struct, omit_defaults=True):
+    name: str | UnsetType = UNSET
+    arguments: str | UnsetType = UNSET
+
+
+class ToolCallDelta(msgspec.Struct, omit_defaults=True):
+    index: int
+    id: str | UnsetType = UNSET
+    type: Literal["function"] | UnsetType = UNSET
+    function: FunctionCallDelta | UnsetType = UNSET
+
+
 class Delta(msgspec.Struct):
     role: Literal["assistant"] | UnsetType = UNSET
     content: str | UnsetType = UNSET
+    tool_calls: list[ToolCallDelta] | UnsetType = UNSET
 
 
 class ChatChunkChoice(msgspec.Struct):
@@ -266,3 +357,44 @@ class ErrorBody(msgspec.Struct):
 
 class ErrorResponse(msgspec.Struct):
     error: ErrorBody
+
+
+# ---- /tokenize and /detokenize (vLLM's and llama-server's extension) ----
+
+
+class TokenizeRequest(_Request, kw_only=True):
+    """One of ``prompt`` (vLLM), ``content`` (llama-server) or ``messages`` (rendered by
+    the model's chat template, as vLLM does)."""
+
+    model: str | None = None
+    prompt: str | None = None
+    content: str | None = None
+    messages: Annotated[list[ChatMessageIn], Meta(min_length=1)] | None = None
+    add_special_tokens: bool = True  # vLLM's name
+    add_special: bool | None = None  # llama-server's name (wins when given)
+    add_generation_prompt: bool = True
+
+
+class TokenizeResponse(msgspec.Struct):
+    tokens: list[int]
+    count: int
+    max_model_len: int
+
+
+class DetokenizeRequest(_Request, kw_only=True):
+    model: str | None = None
+    tokens: Annotated[list[TokenId], Meta(max_length=1_000_000)]
+
+
+class DetokenizeResponse(msgspec.Struct):
+    prompt: str  # vLLM's name
+    content: str  # llama-server's name
+
+
+class ResponseEvent(msgspec.Struct):
+    """One event of a streamed response (``event: <type>`` then this as ``data:``): the
+    other fields depend on ``type`` (``response.created``, ``response.output_text.delta``,
+    ``response.completed``, … as OpenAI's Responses API sends them)."""
+
+    type: str
+    sequence_number: int

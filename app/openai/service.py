@@ -16,6 +16,7 @@ from app.openai.render import ChatRenderer, Collected, CompletionRenderer, Heade
 from app.openai.sampling import PromptPlan, chat_plan, completion_plan
 from app.openai.schemas import ChatCompletionRequest, CompletionRequest
 from app.openai.streaming import event_stream
+from app.openai.tool_parser import with_tool_calls
 from app.server.context import RequestContext
 from app.server.core import Core
 from app.server.errors import ModelNotFound
@@ -30,7 +31,7 @@ class CompletionService:
         self._state = state
         self._metrics = metrics
 
-    def _core(self, model: str) -> Core:
+    def core(self, model: str) -> Core:
         core = self._state.ready_core()
         if model not in core.names:
             raise ModelNotFound(model)
@@ -39,7 +40,7 @@ class CompletionService:
     async def chat(
         self, request: ChatCompletionRequest, ctx: RequestContext, receive: Receive
     ) -> Response[Any]:
-        core = self._core(request.model)
+        core = self.core(request.model)
         plan = chat_plan(request, core.tokenizer, core.grammars, core.n_ctx)
         head = _header("chatcmpl", ctx, core, request.n, request.logprobs)
         return await self._run(core, plan, request, ChatRenderer(head), ctx, receive)
@@ -47,7 +48,7 @@ class CompletionService:
     async def complete(
         self, request: CompletionRequest, ctx: RequestContext, receive: Receive
     ) -> Response[Any]:
-        core = self._core(request.model)
+        core = self.core(request.model)
         plan = completion_plan(request, core.tokenizer, core.grammars, core.n_ctx)
         head = _header("cmpl", ctx, core, request.n, request.logprobs is not None)
         return await self._run(core, plan, request, CompletionRenderer(head), ctx, receive)
@@ -61,15 +62,7 @@ class CompletionService:
         ctx: RequestContext,
         receive: Receive,
     ) -> Response[Any]:
-        if ctx.gate is not None:  # 429 here, before anything reaches the core
-            ctx.gate.reserve(len(plan.prompt_tokens) + plan.max_tokens * request.n)
-        logprobs = plan.sampling.logprobs is not None
-        generation = Generation(core, plan, request.n, ctx, self._metrics, logprobs=logprobs)
-        if ctx.gate is not None:
-            ctx.gate.bind(generation)
-            generation.on_sent = ctx.gate.sent
-        generation.start()  # a refusal is the response's status, before any body
-        updates = generation.updates()
+        generation, updates = self.launch(core, plan, request.n, ctx)
         if not request.stream:
             choices = await unless_disconnected(receive, _collect(updates, request.n))
             response = Response(renderer.whole(choices, generation.usage()))
@@ -83,6 +76,24 @@ class CompletionService:
             generation, updates, renderer, include_usage=include_usage, continuous_usage=continuous
         )
         return Stream(stream, media_type="text/event-stream", headers=SSE_HEADERS)
+
+    def launch(
+        self, core: Core, plan: PromptPlan, n: int, ctx: RequestContext
+    ) -> tuple[Generation, AsyncIterator[Update]]:
+        """Admit and start ``plan`` (quotas, then the core: a refusal raises here, before
+        any body); its updates, with tool calls read out when it has tools."""
+        if ctx.gate is not None:  # 429 here, before anything reaches the core
+            ctx.gate.reserve(len(plan.prompt_tokens) + plan.max_tokens * n)
+        logprobs = plan.sampling.logprobs is not None
+        generation = Generation(core, plan, n, ctx, self._metrics, logprobs=logprobs)
+        if ctx.gate is not None:
+            ctx.gate.bind(generation)
+            generation.on_sent = ctx.gate.sent
+        generation.start()
+        updates = generation.updates()
+        if plan.tools is not None:
+            updates = with_tool_calls(updates, plan.tools, n, plan.answer_prefix)
+        return generation, updates
 
 
 def _header(prefix: str, ctx: RequestContext, core: Core, n: int, logprobs: bool) -> Header:

@@ -56,14 +56,19 @@ _CONFLICTS = {
     ("patch", "/admin/v1/tenants/{tenant_id}"),
     ("post", "/admin/v1/keys/{key_id}/rotate"),
 }
-_COMPLETIONS = {"/v1/chat/completions", "/v1/completions"}
+_COMPLETIONS = {"/v1/chat/completions", "/v1/completions", "/v1/responses"}
+_TOKENIZER = {"/tokenize", "/detokenize"}  # vLLM's extension, at the root, with a key
 _UPDATES = ("TenantUpdate", "KeyUpdate")
 _RULES = {
     "ChatCompletionRequest": (
         "Rules across fields: `stream_options` only with `stream: true`; `top_logprobs` only "
-        "with `logprobs: true`; `logit_bias` keys are token ids below the model's vocabulary "
-        "size; the prompt plus `max_completion_tokens` (or `max_tokens`) must fit the model's "
-        "context (else `context_length_exceeded`)."
+        "with `logprobs: true`; `logit_bias` keys and `stop_token_ids` are token ids below "
+        "the model's vocabulary size; the prompt plus `max_completion_tokens` (or "
+        "`max_tokens`) must fit the model's context (else `context_length_exceeded`); "
+        "`tool_choice` other than `none` needs `tools` and may name only one of them; a "
+        "`tool` message needs `tool_call_id`; tool `parameters` use only the JSON-schema "
+        "keywords the grammar enforces (else a 400 naming the others); "
+        "`continue_final_message` needs a final assistant message."
     ),
     "CompletionRequest": (
         "Rules across fields: `stream_options` only with `stream: true`; token ids in "
@@ -71,6 +76,15 @@ _RULES = {
         "prompt per request; the prompt plus `max_tokens` must fit the model's context (else "
         "`context_length_exceeded`)."
     ),
+    "ResponseRequest": (
+        "Rules across fields: `input` items are messages (`role`, `content` as text or text "
+        "parts), `function_call` and `function_call_output` items; `previous_response_id` "
+        "is a response stored for the key's tenant (else 404); `tool_choice` names one of "
+        "`tools`; tool `parameters` use only the JSON-schema keywords the grammar enforces "
+        "(else a 400 naming the others); the conversation plus `max_output_tokens` must "
+        "fit the model's context."
+    ),
+    "TokenizeRequest": "Exactly one of `prompt`, `content` or `messages`.",
     "KeyCreate": "`expires_at` must be in the future.",
     "KeyUpdate": "At least one field; `expires_at` must be in the future.",
     "TenantUpdate": "At least one field.",
@@ -115,7 +129,7 @@ def _finish_operation(path: str, method: str, op: dict[str, Any]) -> None:
     if path.startswith("/admin/"):
         op["security"] = [{"adminKey": []}]
         statuses |= {401, 503}
-    elif path.startswith("/v1/"):
+    elif path.startswith("/v1/") or path in _TOKENIZER:
         op["security"] = [{"apiKey": []}]
         statuses |= {401, 403, 429, 503}  # 429: unknown keys (app/tenancy/auth_guard.py)
     if path in _COMPLETIONS:

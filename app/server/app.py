@@ -12,7 +12,13 @@ from litestar.openapi.plugins import SwaggerRenderPlugin
 
 from app.admin.routes import ADMIN_CONTROLLERS
 from app.admin.ui.plugin import LiveViewPlugin
-from app.openai.routes import CompletionsController, ModelsController
+from app.openai.responses import ResponsesService
+from app.openai.routes import (
+    CompletionsController,
+    ModelsController,
+    ResponsesController,
+    TokenizeController,
+)
 from app.openai.service import CompletionService
 from app.server.allow import allow_middleware
 from app.server.api_doc import FinishedJsonPlugin
@@ -45,6 +51,7 @@ def create_app(
     metrics = Metrics(state.stats)
     lifecycle = Lifecycle(state, settings, core_factory or build_real_core)
     tenancy = Tenancy(settings)
+    completions = CompletionService(state, metrics)
 
     def provide(value: Any) -> Provide:
         return Provide(lambda: value, use_cache=True, sync_to_thread=False)
@@ -53,6 +60,8 @@ def create_app(
         route_handlers=[
             CompletionsController,
             ModelsController,
+            ResponsesController,
+            TokenizeController,
             OwnKeyController,
             HealthController,
             *ADMIN_CONTROLLERS,
@@ -75,7 +84,8 @@ def create_app(
             {
                 "lifecycle": lifecycle,
                 "tenancy": tenancy,
-                "completions": CompletionService(state, metrics),
+                "completions": completions,
+                "responses": ResponsesService(completions, tenancy.sessions),
             }
         ),
     )

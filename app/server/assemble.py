@@ -16,9 +16,14 @@ from app.server.scheduling import scheduler_config
 from app.server.settings import Settings
 from quanta_core.clock import WallClock
 from quanta_core.engine.llama_cpp.executor import LlamaCppExecutor
-from quanta_core.engine.llama_cpp.grammar import json_object_grammar, json_schema_grammar
+from quanta_core.engine.llama_cpp.grammar import (
+    json_object_grammar,
+    json_schema_grammar,
+    tool_call_grammar,
+)
 from quanta_core.engine.llama_cpp.tokenizer import Tokenizer
 from quanta_core.engine.protocol import Executor
+from quanta_core.engine.tool_grammar import ToolCallGrammar
 from quanta_core.predictor import LengthPredictor
 from quanta_core.scheduler import Driver, Scheduler
 from quanta_core.scheduler.warmup import warm_up
@@ -33,6 +38,9 @@ class LlamaGrammars:
 
     def json_schema(self, schema: dict[str, Any]) -> str:
         return json_schema_grammar(schema)
+
+    def tool_calls(self, spec: ToolCallGrammar) -> str:
+        return tool_call_grammar(spec)
 
 
 def load_predictor(path: Path) -> LengthPredictor:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from app.server.settings import Settings
+from quanta_core.engine.tool_grammar import ToolCallGrammar
 from quanta_core.requests import ChoiceFinished, ChoiceResult, GenerationRequest, TokenEvent
 from quanta_core.scheduler.snapshot import SchedulerSnapshot
 
@@ -25,12 +26,23 @@ class Detokenizer(Protocol):
 
 class Tokenizer(Protocol):
     n_vocab: int
+    chat_template: str | None  # the model's own (Jinja); None: it has none
 
     def encode(
         self, text: str, *, add_special: bool = True, parse_special: bool = False
     ) -> list[int]: ...
 
-    def encode_chat(self, messages: Sequence[Mapping[str, Any]]) -> list[int]: ...
+    def encode_chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        continue_final_message: bool = False,
+        add_generation_prompt: bool = True,
+        extra: Mapping[str, Any] | None = None,
+    ) -> list[int]:
+        """The chat rendered by the model's template (raises ``ValueError`` if it refuses)."""
+        ...
 
     def token_bytes(self, token: int) -> bytes: ...
 
@@ -76,11 +88,14 @@ class Driver(Protocol):
 
 
 class Grammars(Protocol):
-    """Compiles ``response_format`` into GBNF (llama.cpp's converter lives in the core)."""
+    """Compiles ``response_format`` and tool calls into GBNF (llama.cpp's converter lives in
+    the core). A schema it cannot enforce raises ``ValueError`` naming what."""
 
     def json_object(self) -> str: ...
 
     def json_schema(self, schema: dict[str, Any]) -> str: ...
+
+    def tool_calls(self, spec: ToolCallGrammar) -> str: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import codecs
 import ctypes
+import json
 from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
 import jinja2
+import jinja2.ext
 import llama_cpp
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -115,23 +118,56 @@ class Tokenizer:
     # ---- chat ----
 
     def apply_chat_template(
-        self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        extra: Mapping[str, Any] | None = None,
     ) -> str:
-        """The prompt text the model's own template (GGUF metadata) makes of ``messages``."""
+        """The prompt text the model's own template (GGUF metadata) makes of ``messages``
+        (and ``tools``, for templates that know them; ``extra``: more template variables,
+        vLLM's ``chat_template_kwargs``)."""
         template = self._compiled_template()
+        variables = {
+            **(extra or {}),
+            "messages": list(messages),
+            "add_generation_prompt": add_generation_prompt,
+            "bos_token": self.decode([self.bos_token_id]) if self.bos_token_id >= 0 else "",
+            "eos_token": self.decode([self.eos_token_id]) if self.eos_token_id >= 0 else "",
+        }
+        if tools:
+            variables["tools"] = list(tools)
         try:
-            return template.render(
-                messages=list(messages),
-                add_generation_prompt=add_generation_prompt,
-                bos_token=self.decode([self.bos_token_id]) if self.bos_token_id >= 0 else "",
-                eos_token=self.decode([self.eos_token_id]) if self.eos_token_id >= 0 else "",
-            )
-        except jinja2.TemplateError as exc:
-            raise ChatTemplateError(str(exc)) from exc
+            return template.render(**variables)
+        except (jinja2.TemplateError, TypeError, ValueError, KeyError, AttributeError) as exc:
+            raise ChatTemplateError(str(exc) or type(exc).__name__) from exc
 
-    def encode_chat(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
-        """Token ids of the rendered chat prompt; special tokens in it are parsed as such."""
-        text = self.apply_chat_template(messages)
+    def encode_chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        continue_final_message: bool = False,
+        add_generation_prompt: bool = True,
+        extra: Mapping[str, Any] | None = None,
+    ) -> list[int]:
+        """Token ids of the rendered chat prompt; special tokens in it are parsed as such.
+
+        ``continue_final_message``: the prompt ends inside the last (assistant) message, as
+        vLLM's option does: rendered without a generation prompt, cut after its content."""
+        text = self.apply_chat_template(
+            messages,
+            add_generation_prompt=add_generation_prompt and not continue_final_message,
+            tools=tools,
+            extra=extra,
+        )
+        if continue_final_message and messages:
+            last = str(messages[-1].get("content") or "")
+            cut = text.rfind(last) if last else -1
+            if cut < 0:
+                raise ChatTemplateError("the final message's content is not in the prompt")
+            text = text[: cut + len(last)]
         starts_with_bos = self.bos_token_id >= 0 and text.startswith(
             self.decode([self.bos_token_id]) or "\0"
         )
@@ -141,8 +177,12 @@ class Tokenizer:
         if self._template is None:
             if not self.chat_template:
                 raise ChatTemplateError(f"{self.model_path} has no chat template")
-            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+            env = ImmutableSandboxedEnvironment(
+                trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+            )
             env.globals["raise_exception"] = _raise_template_error
+            env.globals["strftime_now"] = _strftime_now
+            env.filters["tojson"] = _tojson
             self._template = env.from_string(self.chat_template)
         return self._template
 
@@ -165,3 +205,15 @@ class Tokenizer:
 
 def _raise_template_error(message: str) -> None:
     raise jinja2.TemplateError(message)
+
+
+def _strftime_now(format: str) -> str:
+    return datetime.now().strftime(format)
+
+
+def _tojson(
+    value: Any, ensure_ascii: bool = False, indent: int | None = None, sort_keys: bool = False
+) -> str:
+    """As the templates' authors (Hugging Face's renderer) expect: plain JSON, not jinja2's
+    HTML-escaped kind (which turns ``<`` into ``\\u003c`` inside tool schemas)."""
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, sort_keys=sort_keys)
