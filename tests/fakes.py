@@ -147,6 +147,7 @@ class FakeDriver:
     submitted: list[GenerationRequest] = field(default_factory=list)
     cancelled: set[str] = field(default_factory=set)
     stopped_with: float | None = None
+    likely_output: int | None = None  # the length predictor's answer (None: no predictor)
 
     def submit(self, request: GenerationRequest) -> FakeHandle:
         self.submitted.append(request)
@@ -178,4 +179,5 @@ def fake_core(driver: FakeDriver, n_ctx: int = 512) -> Core:
         grammars=FakeGrammars(),
         stats=driver.stats,
         close=lambda: None,
+        likely_output=None if driver.likely_output is None else lambda _: driver.likely_output,
     )

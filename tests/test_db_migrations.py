@@ -24,6 +24,8 @@ TABLES = {
     "usage_daily",
     "audit_log",
     "admin_credentials",
+    "fleet_leases",
+    "fleet_replicas",
 }
 
 

@@ -21,6 +21,7 @@ from app.server.core import Core
 from app.server.errors import ModelNotFound
 from app.server.metrics import Metrics
 from app.server.state import ServerState
+from app.tenancy.limits import Ask
 
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
@@ -61,13 +62,14 @@ class CompletionService:
         ctx: RequestContext,
         receive: Receive,
     ) -> Response[Any]:
-        if ctx.gate is not None:  # 429 here, before anything reaches the core
-            ctx.gate.reserve(len(plan.prompt_tokens) + plan.max_tokens * request.n)
         logprobs = plan.sampling.logprobs is not None
         generation = Generation(core, plan, request.n, ctx, self._metrics, logprobs=logprobs)
-        if ctx.gate is not None:
+        if ctx.gate is not None:  # 429 here, before anything reaches the core
+            likely = core.likely_output(generation.request) if core.likely_output else None
+            await ctx.gate.reserve(Ask(len(plan.prompt_tokens), plan.max_tokens, request.n, likely))
             ctx.gate.bind(generation)
             generation.on_sent = ctx.gate.sent
+            generation.allows = ctx.gate.allows
         generation.start()  # a refusal is the response's status, before any body
         updates = generation.updates()
         if not request.stream:

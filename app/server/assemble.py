@@ -20,9 +20,13 @@ from quanta_core.engine.llama_cpp.grammar import json_object_grammar, json_schem
 from quanta_core.engine.llama_cpp.tokenizer import Tokenizer
 from quanta_core.engine.protocol import Executor
 from quanta_core.predictor import LengthPredictor
-from quanta_core.scheduler import Driver, Scheduler
+from quanta_core.scheduler import Choice, Driver, Scheduler
 from quanta_core.scheduler.warmup import warm_up
 from quanta_core.sim.step_trace import StepTracer
+
+# A token quota reserves this quantile of a request's predicted output (app/tenancy/limits.py:
+# ``Ask``): most requests end inside it, and one that goes on is charged as it does.
+RESERVE_QUANTILE = 0.9
 
 log = logging.getLogger("quanta.assemble")
 
@@ -101,4 +105,7 @@ def build_core(settings: Settings) -> Core:
         close=close,
         aliases=settings.model_aliases(),
         snapshot=driver.snapshot,
+        likely_output=lambda request: scheduler.predictor.remaining(
+            Choice.choices_of(request, 0.0, 0)[0], RESERVE_QUANTILE
+        ),
     )

@@ -96,6 +96,9 @@ class Core:
     aliases: tuple[str, ...] = ()  # more names clients may send for the model
     # What the scheduler is doing now, for the live view (None: a core that cannot tell).
     snapshot: Callable[[], SchedulerSnapshot] | None = None
+    # The output a choice of this request will likely produce (a quota reserves it; None:
+    # a core that cannot tell, max_tokens is reserved).
+    likely_output: Callable[[GenerationRequest], int] | None = None
 
     @property
     def names(self) -> tuple[str, ...]:
