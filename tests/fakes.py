@@ -170,6 +170,7 @@ class FakeDriver:
 
 
 def fake_core(driver: FakeDriver, n_ctx: int = 512) -> Core:
+    likely = driver.likely_output
     return Core(
         model_name=MODEL,
         n_ctx=n_ctx,
@@ -179,5 +180,5 @@ def fake_core(driver: FakeDriver, n_ctx: int = 512) -> Core:
         grammars=FakeGrammars(),
         stats=driver.stats,
         close=lambda: None,
-        likely_output=None if driver.likely_output is None else lambda _: driver.likely_output,
+        likely_output=None if likely is None else lambda _: likely,
     )
