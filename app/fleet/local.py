@@ -2,7 +2,8 @@
 
     folder/postgres/      the cluster (kept between runs)      127.0.0.1:pg_port
     folder/replica{i}/    each replica's data_dir              127.0.0.1:port+1+i
-    folder/envoy.yaml     deploy/envoy.yaml with these ports   127.0.0.1:port (admin: port+100)
+    folder/envoy.yaml     deploy/envoy.yaml with these ports   127.0.0.1:port (admin: the
+                                                               port after the replicas')
     folder/*.log          each process's output
 
 Every replica gets the same HMAC secret (a key made through one is valid on all) and the
@@ -66,7 +67,7 @@ class LocalFleet:
 
     @property
     def admin_port(self) -> int:
-        return self.port + 100
+        return self.port + self.replicas + 1
 
     @property
     def db_url(self) -> str:

@@ -41,6 +41,7 @@ class FleetConfig:
     heartbeat_s: float = 1.0
     ttl_s: float = 3.0  # a lease not renewed this long is a dead replica's: its slots free
     rotate_s: float = 2.0  # a lease takes charges this long at most, then drains and closes
+    lease_idle_s: float = 0.3  # a lease with nothing in flight this long is closed
     slice_fraction: float = 0.05  # a lease asks this share of a minute's limit
     slot_linger_s: float = 0.5  # an idle slot is given back after this long
     grant_timeout_s: float = 1.0  # the door waits this long for a grant, then degrades
@@ -150,6 +151,7 @@ class Fleet:
             share.add(Lease(grant.lease_id, grant.tokens, grant.requests, now))
         share.slots += grant.slots
         share.retry_after_s = grant.retry_after_s
+        share.fleet_used = grant.used_tokens
 
     # ---- the sync ----
 
@@ -183,7 +185,7 @@ class Fleet:
         for share in self.shares.values():
             if final and (lease := share.current()) is not None:
                 lease.taking = False
-            share.retire(now, cfg.rotate_s)
+            share.retire(now, cfg.rotate_s, cfg.lease_idle_s)
             for lease in share.closable():
                 closes.append((lease.id, lease.used_tokens, lease.used_requests, lease.last_at))
             idle = share.slots - max(share.in_flight, 0)

@@ -67,6 +67,7 @@ class Grant:
     requests: int
     slots: int
     retry_after_s: float  # where refused: when enough of the minute will have aged out
+    used_tokens: int  # the minute's tokens counted before this grant
 
 
 def new_lease_id() -> str:
@@ -141,7 +142,7 @@ class LeaseStore:
                         },
                     )
         wait = 1.0 if oldest is None else max(1.0, float(oldest) + MINUTE - now)
-        return Grant(lease_id, tokens, requests, slots, wait)
+        return Grant(lease_id, tokens, requests, slots, wait, int(used_tokens))
 
     async def sync(
         self,

@@ -170,6 +170,7 @@ class Limiter:
         if tpm is not None:
             used = c.tokens.used(now)
             if share is not None and share.tokens_left() < tokens:
+                used = max(used, share.fleet_used)  # the fleet's, as the database counted it
                 wait = share.retry_after_s
                 return Denial(Limit.TOKENS, scope.name, tpm, used, tokens, wait, True)
             if share is None and used + tokens > tpm:

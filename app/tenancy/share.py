@@ -5,10 +5,11 @@
                             ◀──close(used)── a lease no longer taking, its charges settled
 
 A lease grants tokens and requests for a minute's quota. Requests are charged to the
-current lease only, in memory; it stops taking charges once spent or ``rotate_s`` old and is
-closed in the database (what it did not use given back) once every charge on it settled.
-Concurrency is a count of slots held by the replica: taken from the database when a request
-finds none free, given back when idle. Nothing here touches the database (``Fleet`` does).
+current lease only, in memory; it stops taking charges once spent, ``rotate_s`` old, or idle
+``idle_s`` (nothing charged to it in flight), and is closed in the database (what it did not
+use given back) once every charge on it settled. Concurrency is a count of slots held by the
+replica: taken from the database when a request finds none free, given back when idle.
+Nothing here touches the database (``Fleet`` does).
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ class Share:
         self.idle_since: float | None = None  # a free slot held since then
         self.used_at = 0.0  # last admission: the share is active
         self.retry_after_s = 1.0  # the database's estimate when it last refused
+        self.fleet_used = 0  # the minute's tokens the fleet had counted at the last grant
         self.degraded = False  # the database is unreachable: a fixed part of the limits
         self.fleet_size = 1
 
@@ -140,11 +142,13 @@ class Share:
             if self.in_flight < self.slots:
                 self.idle_since = now
 
-    def retire(self, now: float, rotate_s: float) -> None:
-        """The current lease stops taking charges once spent or ``rotate_s`` old."""
+    def retire(self, now: float, rotate_s: float, idle_s: float) -> None:
+        """The current lease stops taking charges once spent, ``rotate_s`` old, or idle for
+        ``idle_s`` (what it holds unused then goes back to the fleet at once)."""
         lease = self.current()
         if lease is not None and (
             now - lease.opened >= rotate_s
+            or (lease.holders == 0 and now - max(lease.last_at, lease.opened) >= idle_s)
             or (lease.tokens_left() <= 0 and self.limits.max_tokens_per_1_minute is not None)
             or (lease.requests_left() <= 0 and self.limits.max_requests_per_1_minute is not None)
         ):
