@@ -1,13 +1,13 @@
 """The fleet behind Envoy, measured from the client's side (issue 41's "It must show").
 
-    .venv/bin/python scripts/bench_fleet.py quota      3 replicas, 6,000 tokens/min and
+    .venv/bin/python -m scripts.bench_fleet quota      3 replicas, 6,000 tokens/min and
                                                        concurrency 4, 24 closed-loop streams
-    .venv/bin/python scripts/bench_fleet.py revoke     a revoked key, polled on every replica
-    .venv/bin/python scripts/bench_fleet.py small      300 tokens/min, chats without max_tokens
-    .venv/bin/python scripts/bench_fleet.py kill       a replica kill -9'ed mid-load
-    .venv/bin/python scripts/bench_fleet.py pg         PostgreSQL restarted mid-load
-    .venv/bin/python scripts/bench_fleet.py spill      one replica full, the others idle
-    .venv/bin/python scripts/bench_fleet.py weights    tenants of weights 1 and 2
+    .venv/bin/python -m scripts.bench_fleet revoke     a revoked key, polled on every replica
+    .venv/bin/python -m scripts.bench_fleet small      300 tokens/min, chats without max_tokens
+    .venv/bin/python -m scripts.bench_fleet kill       a replica kill -9'ed mid-load
+    .venv/bin/python -m scripts.bench_fleet pg         PostgreSQL restarted mid-load
+    .venv/bin/python -m scripts.bench_fleet spill      one replica full, the others idle
+    .venv/bin/python -m scripts.bench_fleet weights    tenants of weights 1 and 2
 
 Each starts its own fleet (``LocalFleet``: PostgreSQL, replicas, Envoy) in a temporary
 folder, runs, checks the ledger in the database against what the clients received, and writes

@@ -25,6 +25,7 @@ TABLES = {
     "audit_log",
     "admin_credentials",
     "fleet_leases",
+    "fleet_live",
     "fleet_replicas",
 }
 

@@ -162,3 +162,30 @@ async def eventually(ask: Any, done: Any, within_s: float = 10.0) -> bool:
             return True
         await asyncio.sleep(0.02)
     return False
+
+
+async def test_a_day_quota_and_the_live_counters_are_the_fleets(replicas: list[str]) -> None:
+    # Day quotas are checked on each replica against its own use plus the others' from their
+    # heartbeats; the admin API of either replica shows the pair's counters.
+    a, b = (httpx.AsyncClient(base_url=url, timeout=30) for url in replicas)
+    async with a, b:
+        tenant, _, key = await new_tenant(a, "day", max_tokens_per_1_day=3 * (PROMPT + 20))
+        for _ in range(2):
+            assert (await chat(a, key, max_tokens=20)).status_code == 200
+
+        async def counters() -> httpx.Response:
+            return await b.get(f"/admin/v1/tenants/{tenant}", headers=ADMIN)
+
+        assert await eventually(
+            counters, lambda r: r.json()["counters"]["tokens_today"] == 2 * (PROMPT + 20)
+        )
+        assert r_ok(await chat(b, key, max_tokens=20))
+        refused = await chat(b, key, max_tokens=20)
+        assert refused.status_code == 429
+        assert refused.json()["error"]["code"] == "insufficient_quota"
+        shown = (await counters()).json()["counters"]
+        assert shown["tokens_last_minute"] == shown["tokens_today"] == 3 * (PROMPT + 20)
+
+
+def r_ok(r: httpx.Response) -> bool:
+    return r.status_code == 200 and r.json()["usage"]["total_tokens"] == PROMPT + 20

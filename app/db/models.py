@@ -181,6 +181,21 @@ class FleetLease(Base):
     counted_at: Mapped[float] = mapped_column(Float)
 
 
+class FleetLive(Base):
+    """A replica's live counters of a scope, as of its last heartbeat: the admin API and
+    ``/v1/key`` of any replica add the others' to their own."""
+
+    __tablename__ = "fleet_live"
+
+    replica: Mapped[str] = mapped_column(String(128), primary_key=True)
+    scope: Mapped[str] = mapped_column(String(64), primary_key=True)
+    requests_last_minute: Mapped[int] = mapped_column(Integer)
+    tokens_last_minute: Mapped[int] = mapped_column(Integer)
+    tokens_today: Mapped[int] = mapped_column(Integer)
+    concurrent_requests: Mapped[int] = mapped_column(Integer)
+    at: Mapped[float] = mapped_column(Float)
+
+
 class FleetReplica(Base):
     """A replica of the fleet, as it last said it was alive."""
 

@@ -15,6 +15,7 @@ restarts PostgreSQL through it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import signal
@@ -169,4 +170,5 @@ class LocalFleet:
             self.envoy.terminate()
             self.envoy.wait(30)
         if self.postgres is not None:
-            self.postgres.stop()
+            with contextlib.suppress(RuntimeError):  # it never started
+                self.postgres.stop()

@@ -74,6 +74,9 @@ class Fleet:
         self._task: asyncio.Task[None] | None = None
         self._last_heartbeat = 0.0
         self.fleet_size = 1
+        # The other replicas' live counters by scope (requests and tokens of the last minute,
+        # tokens today, in flight), as of the last heartbeat.
+        self.others: dict[str, tuple[int, int, int, int]] = {}
         self.degraded = False
         self.grants = 0  # grants asked of the database (a measure of its load)
 
@@ -194,9 +197,15 @@ class Fleet:
                 releases.append((self._slot_rows[share.scope], idle))
                 share.slots -= idle
         heartbeat = final or now - self._last_heartbeat >= cfg.heartbeat_s
-        alive = await self.store.sync(closes, releases, now, heartbeat=heartbeat)
+        live = self.limiter.live(now) if heartbeat and not final else None
+        alive, others = await self.store.sync(closes, releases, now, heartbeat=heartbeat, live=live)
         if heartbeat:
             self._last_heartbeat = now
+            self.others = others
+            for name, c in self.limiter.counters_by_scope().items():
+                c.others_today = others[name][2] if name in others else 0
+            for name in others.keys() - self.limiter.counters_by_scope().keys():
+                self.limiter.counters(name).others_today = others[name][2]
             self.fleet_size = max(alive, 1)
             for share in self.shares.values():
                 share.fleet_size = self.fleet_size

@@ -151,12 +151,15 @@ class LeaseStore:
         now: float,
         *,
         heartbeat: bool,
-    ) -> int:
+        live: list[tuple[str, int, int, int, int]] | None = None,
+    ) -> tuple[int, dict[str, tuple[int, int, int, int]]]:
         """Close leases ``(id, used tokens, used requests, last charge)``, give back slots
-        ``(slot lease id, count)``; with ``heartbeat``, renew this replica's open leases and
-        forget old rows. Returns the replicas alive (this one included) on a heartbeat,
-        else 0."""
+        ``(slot lease id, count)``; with ``heartbeat``, renew this replica's open leases,
+        publish its ``live`` counters ``(scope, requests, tokens, today, in flight)`` and
+        forget old rows. Returns, on a heartbeat, the replicas alive (this one included)
+        and the other live replicas' counters summed by scope."""
         alive = 0
+        others: dict[str, tuple[int, int, int, int]] = {}
         async with self.engine.begin() as conn:
             for lease_id, used_tokens, used_requests, last_at in closes:
                 await conn.execute(
@@ -194,14 +197,43 @@ class LeaseStore:
                     ),
                     {"old": now - FORGET_S},
                 )
+                recent = now - 3 * self.ttl_s
                 alive = int(
                     await conn.scalar(
                         text("SELECT count(*) FROM fleet_replicas WHERE seen_at > :recent"),
-                        {"recent": now - 3 * self.ttl_s},
+                        {"recent": recent},
                     )
                     or 1
                 )
-        return alive
+                await conn.execute(
+                    text("DELETE FROM fleet_live WHERE replica = :me OR at < :old"),
+                    {"me": self.replica, "old": now - FORGET_S},
+                )
+                if live:
+                    await conn.execute(
+                        text(
+                            "INSERT INTO fleet_live (replica, scope, requests_last_minute, "
+                            "tokens_last_minute, tokens_today, concurrent_requests, at) "
+                            "VALUES (:me, :scope, :r, :t, :d, :c, :now)"
+                        ),
+                        [
+                            {"me": self.replica, "scope": s, "r": r, "t": t, "d": d, "c": c}
+                            | {"now": now}
+                            for s, r, t, d, c in live
+                        ],
+                    )
+                rows = await conn.execute(
+                    text(
+                        "SELECT scope, sum(requests_last_minute), sum(tokens_last_minute), "
+                        "sum(tokens_today), sum(concurrent_requests) FROM fleet_live "
+                        "WHERE replica != :me AND at > :recent GROUP BY scope"
+                    ),
+                    {"me": self.replica, "recent": recent},
+                )
+                others = {
+                    row[0]: (int(row[1]), int(row[2]), int(row[3]), int(row[4])) for row in rows
+                }
+        return alive, others
 
     async def close_all(self, now: float) -> None:
         """This replica stops: its open leases are closed as they stand (slots freed)."""

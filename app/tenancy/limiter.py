@@ -90,9 +90,11 @@ class Counters:
     day_tokens: int = 0
     in_flight: int = 0
     share: Share | None = None  # the scope's quota is the fleet's: what this replica leased
+    others_today: int = 0  # fleet quotas: the other replicas' tokens today (heartbeats)
 
     def tokens_today(self, now: float) -> int:
-        return self.day_tokens if self.day == int(now // DAY) else 0
+        own = self.day_tokens if self.day == int(now // DAY) else 0
+        return own + self.others_today
 
     def add_today(self, now: float, amount: int) -> None:
         today = int(now // DAY)
@@ -264,6 +266,20 @@ class Limiter:
         r = best_r or (None, 0, 0.0)
         t = best_t or (None, 0, 0.0)
         return Remaining(r[0], r[1], r[2], t[0], t[1], t[2])
+
+    def counters_by_scope(self) -> dict[str, Counters]:
+        return self._counters
+
+    def live(self, now: float) -> list[tuple[str, int, int, int, int]]:
+        """Every scope with something to show: (scope, requests and tokens of the last
+        minute, tokens today, in flight)."""
+        rows = []
+        for name, c in self._counters.items():
+            own_today = c.tokens_today(now) - c.others_today
+            row = (c.requests.used(now), c.tokens.used(now), own_today, c.in_flight)
+            if any(row):
+                rows.append((name, *row))
+        return rows
 
     def rebuild(
         self,

@@ -333,9 +333,15 @@ class Tenancy:
         return Reservation(self, principal, request_id, charge, ask.prompt)
 
     def live(self, scope: str) -> LiveUsage:
+        """The scope's use on this replica, plus the other replicas' as of their last
+        heartbeat (fleet quotas: a second old at most)."""
         now = self.clock()
         c = self.limiter.counters(scope)
-        return LiveUsage(c.requests.used(now), c.tokens.used(now), c.tokens_today(now), c.in_flight)
+        r, t, _, n = (0, 0, 0, 0) if self.fleet is None else self.fleet.others.get(scope, (0,) * 4)
+        # tokens_today holds the others' already (the day quota is checked against it)
+        return LiveUsage(
+            c.requests.used(now) + r, c.tokens.used(now) + t, c.tokens_today(now), c.in_flight + n
+        )
 
     def check_admin(self, authorization: str | None) -> None:
         value = bearer(authorization)

@@ -1,4 +1,4 @@
-"""Fleet: quota leases shared by replicas, the replicas' heartbeats, and (on PostgreSQL) a
+"""Fleet: quota leases shared by replicas, their heartbeats and live counters, and (on PostgreSQL) a
 notification on every change of a tenant, key or quota policy.
 
 Revision ID: 0003
@@ -67,6 +67,17 @@ def upgrade() -> None:
     op.create_index("ix_fleet_leases_scope", "fleet_leases", ["scope"])
     op.create_index("ix_fleet_leases_replica", "fleet_leases", ["replica"])
     op.create_table(
+        "fleet_live",
+        sa.Column("replica", sa.String(128), nullable=False),
+        sa.Column("scope", sa.String(64), nullable=False),
+        sa.Column("requests_last_minute", sa.Integer(), nullable=False),
+        sa.Column("tokens_last_minute", sa.Integer(), nullable=False),
+        sa.Column("tokens_today", sa.Integer(), nullable=False),
+        sa.Column("concurrent_requests", sa.Integer(), nullable=False),
+        sa.Column("at", sa.Float(), nullable=False),
+        sa.PrimaryKeyConstraint("replica", "scope", name="pk_fleet_live"),
+    )
+    op.create_table(
         "fleet_replicas",
         sa.Column("id", sa.String(128), nullable=False),
         sa.Column("seen_at", sa.Float(), nullable=False),
@@ -88,6 +99,7 @@ def downgrade() -> None:
             op.execute(f"DROP TRIGGER IF EXISTS {table}_notify ON {table}")
         op.execute("DROP FUNCTION IF EXISTS quanta_tenancy_notify()")
     op.drop_table("fleet_replicas")
+    op.drop_table("fleet_live")
     op.drop_index("ix_fleet_leases_replica", table_name="fleet_leases")
     op.drop_index("ix_fleet_leases_scope", table_name="fleet_leases")
     op.drop_table("fleet_leases")
