@@ -118,6 +118,7 @@ class Run:
                     if not line.startswith("data: {"):
                         continue
                     chunk = json.loads(line[6:])
+                    call.request_id = chunk["id"].removeprefix("chatcmpl-")  # the ledger's id
                     if usage := chunk.get("usage"):
                         call.prompt_tokens = usage["prompt_tokens"]
                         call.completion_tokens = usage["completion_tokens"]

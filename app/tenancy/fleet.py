@@ -110,7 +110,15 @@ class Fleet:
                         self._grant(share, ask.least, ask.likely_total, slot=True),
                         self.config.grant_timeout_s,
                     )
-                except (SQLAlchemyError, OSError, TimeoutError) as exc:
+                except TimeoutError:
+                    # A slow database refuses this request (429, retry-after); only a failed
+                    # sync (the database unreachable) turns the shares degraded.
+                    log.info(
+                        "fleet quotas: a grant for %s took over %.1f s",
+                        scope.name,
+                        self.config.grant_timeout_s,
+                    )
+                except (SQLAlchemyError, OSError) as exc:
                     self._set_degraded(True, exc)
 
     @staticmethod
