@@ -181,7 +181,8 @@ async def ledger(url: str) -> dict[str, dict[str, Any]]:
             rows = await conn.execute(
                 text(
                     "SELECT request_id, tenant_id, min(started_at), sum(prompt_tokens), "
-                    "sum(completion_tokens), sum(charged_tokens) FROM usage_ledger "
+                    "sum(completion_tokens), sum(charged_tokens), max(finished_at), "
+                    "bool_or(status != 'partial') FROM usage_ledger "
                     "GROUP BY request_id, tenant_id"
                 )
             )
@@ -192,6 +193,8 @@ async def ledger(url: str) -> dict[str, dict[str, Any]]:
                     "prompt": int(r[3]),
                     "completion": int(r[4]),
                     "charged": int(r[5]),
+                    "finished_at": float(r[6]),
+                    "final": bool(r[7]),
                 }
                 for r in rows
             }
@@ -203,7 +206,8 @@ async def wait_ledger(url: str, ids: set[str], timeout_s: float = 60.0) -> dict[
     deadline = time.monotonic() + timeout_s
     while True:
         rows = await ledger(url)
-        if ids <= rows.keys() or time.monotonic() > deadline:
+        final = {i for i, row in rows.items() if row["final"]}
+        if ids <= final or time.monotonic() > deadline:
             return rows
         await asyncio.sleep(0.5)
 
@@ -317,6 +321,10 @@ async def quota(run: Run, seconds: float, tpm: int = 6000, concurrency: int = 4)
         "served_tokens_max_sliding_minute_by_end": sliding_max(by_end),
         "ledger_charged_max_sliding_minute": sliding_max(ledger_points),
         "max_concurrent_streams_seen_by_clients": max_overlap(streams),
+        # The server's own: each request from its reservation to its settlement (the ledger).
+        "max_concurrent_requests_in_the_ledger": max_overlap(
+            [(r["started_at"], r["finished_at"]) for r in rows.values() if r["tenant"] == tid]
+        ),
         "served_by_replica": upstreams,
         "summary": summary_of(run.calls),
         "ledger": reconcile(run.calls, rows),
