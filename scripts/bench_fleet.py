@@ -588,6 +588,9 @@ def main() -> None:
     )
     shown = {k: v for k, v in results.items() if k not in ("calls", "answers", "environment")}
     console.print_json(json.dumps(shown, default=str))
+    # Every request's row goes to a file of its own, not committed (.gitignore).
+    calls = {"calls": results.pop("calls", []), "answers": results.pop("answers", [])}
+    write_results(OUT / f"{args.scenario}.calls.json", calls)
     write_results(OUT / f"{args.scenario}.json", results)
 
 
