@@ -18,6 +18,7 @@ def build_cli() -> typer.Typer:
     """Every command. Their modules are imported here, not at the top: ``quanta sim`` (see
     ``main``) needs none of the others' (the tenancy commands alone pull in the database
     stack, a large share of a simulation's start-up)."""
+    from app.fleet.command import fleet
     from app.lab.bench.cli import bench_cli
     from app.lab.calibrate.command import calibrate
     from app.lab.sim import sim
@@ -35,6 +36,7 @@ def build_cli() -> typer.Typer:
     cli.command(name="step-report")(step_report)
     cli.command(name="step-replay")(step_replay)
     cli.command()(run)
+    cli.command()(fleet)
     cli.command()(version)
     return cli
 

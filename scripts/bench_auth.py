@@ -33,6 +33,7 @@ from app.db.migrate import upgrade
 from app.db.models import ApiKey, QuotaPolicy, Tenant
 from app.server.settings import Settings
 from app.tenancy.keys import KeyHasher, new_key_value, prefix_of
+from app.tenancy.limits import Ask
 from app.tenancy.service import Outcome, Tenancy
 
 SECRET = "bench-secret-0123456789abcdefghijklmnop"
@@ -147,7 +148,7 @@ async def measure(settings: Settings, values: list[str], n: int, seed: int) -> d
         t0 = clock()
         principal = await tenancy.authenticate(header)
         t1 = clock()
-        reservation = tenancy.reserve(principal, f"req-{i}", 100 + 256)
+        reservation = await tenancy.reserve(principal, f"req-{i}", Ask(100, 256))
         tenancy.headers(principal)
         t2 = clock()
         reservation.bind(served)

@@ -154,6 +154,7 @@ class FakeDriver:
     submitted: list[GenerationRequest] = field(default_factory=list)
     cancelled: set[str] = field(default_factory=set)
     stopped_with: float | None = None
+    likely_output: int | None = None  # the length predictor's answer (None: no predictor)
 
     def submit(self, request: GenerationRequest) -> FakeHandle:
         self.submitted.append(request)
@@ -176,6 +177,7 @@ class FakeDriver:
 
 
 def fake_core(driver: FakeDriver, n_ctx: int = 512) -> Core:
+    likely = driver.likely_output
     return Core(
         model_name=MODEL,
         n_ctx=n_ctx,
@@ -185,4 +187,5 @@ def fake_core(driver: FakeDriver, n_ctx: int = 512) -> Core:
         grammars=FakeGrammars(),
         stats=driver.stats,
         close=lambda: None,
+        likely_output=None if likely is None else lambda _: likely,
     )

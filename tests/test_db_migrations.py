@@ -25,6 +25,9 @@ TABLES = {
     "audit_log",
     "admin_credentials",
     "stored_responses",
+    "fleet_leases",
+    "fleet_live",
+    "fleet_replicas",
 }
 
 

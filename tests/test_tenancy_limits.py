@@ -5,6 +5,7 @@ reconciled with what was served; the ledger and counters survive a restart."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -100,10 +101,70 @@ async def test_tokens_per_minute_exactly_at_the_limit_and_a_too_large_request(
     assert second.headers["x-ratelimit-remaining-tokens"] == "0"
     error = assert_429(await chat(client, key), "rate_limit_exceeded", "tokens", should_retry=True)
     assert "tokens per min (TPM)" in error["message"]
-    too_large = await chat(client, key, max_tokens=100)
+    long_prompt = [{"role": "user", "content": "x" * 2 * (PROMPT + 4)}]
+    too_large = await chat(client, key, messages=long_prompt)
     error = assert_429(too_large, "rate_limit_exceeded", "tokens", should_retry=False)
     assert "Request too large" in error["message"]
     assert (await counters(client, tenant))["tokens_last_minute"] == 2 * (PROMPT + 4)
+
+
+async def test_a_request_longer_than_the_budget_left_is_served_up_to_it(client: Client) -> None:
+    # max_tokens is a ceiling, not a claim: the request is served what the quota has left
+    # and ends there as if it had reached max_tokens; the next one waits for the minute.
+    tenant, _, key = await tenant_with_key(client, max_tokens_per_1_minute=PROMPT + 10)
+    r = await chat(client, key, max_tokens=100)
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["finish_reason"] == "length"
+    assert r.json()["usage"]["completion_tokens"] == 10
+    assert (await counters(client, tenant))["tokens_last_minute"] == PROMPT + 10
+    assert_429(await chat(client, key), "rate_limit_exceeded", "tokens", should_retry=True)
+
+
+async def test_a_chat_without_max_tokens_fits_a_small_quota(client: Client) -> None:
+    # The SDK omits max_tokens: the whole context would be 512 - PROMPT tokens. It is
+    # admitted, served the 300 tokens the minute allows in all, streamed, and cut there.
+    tenant, _, key = await tenant_with_key(client, max_tokens_per_1_minute=300)
+    body = {"model": MODEL, "messages": MSGS, "ignore_eos": True, "stream": True}
+    body["stream_options"] = {"include_usage": True}
+    r = await client.post("/v1/chat/completions", json=body, headers=bearer(key))
+    assert r.status_code == 200, r.text
+    events = [json.loads(line[6:]) for line in r.text.splitlines() if line[6:10] == '{"id']
+    reasons = [c["finish_reason"] for e in events for c in e["choices"] if c["finish_reason"]]
+    assert reasons == ["length"]
+    assert events[-1]["usage"]["total_tokens"] == 300
+    assert (await counters(client, tenant))["tokens_last_minute"] == 300
+
+
+async def test_a_quota_reserves_the_likely_output_and_concurrent_requests_share_it(
+    db: TenancyDb,
+) -> None:
+    # The predictor says 5 tokens: each request reserves its prompt + 5, so two requests of
+    # max_tokens 100 start side by side where prompt + max_tokens would fit once; both run
+    # past the prediction and the quota ends them when it is spent, never after.
+    limit = 2 * PROMPT + 40
+    driver = FakeDriver(delay_s=0.02, likely_output=5)
+    with over_http(fake_app(db, driver)) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as c:
+            tenant, _, key = await tenant_with_key(c, max_tokens_per_1_minute=limit)  # type: ignore[arg-type]
+            body = {"model": MODEL, "messages": MSGS, "max_tokens": 100, "ignore_eos": True}
+            body |= {"stream": True, "stream_options": {"include_usage": True}}
+            async with c.stream(
+                "POST", "/v1/chat/completions", json=body, headers=bearer(key)
+            ) as first:
+                lines = first.aiter_lines()
+                assert (await anext(lines)).startswith("data: ")  # the first is running
+                second = await c.post("/v1/chat/completions", json=body, headers=bearer(key))
+                rest = [line async for line in lines]
+            assert first.status_code == second.status_code == 200, second.text
+            assert first.headers["x-ratelimit-remaining-tokens"] == str(limit - PROMPT - 5)
+            assert second.headers["x-ratelimit-remaining-tokens"] == str(limit - 2 * (PROMPT + 5))
+            usages = [
+                json.loads(line[6:])["usage"]
+                for line in [*rest, *second.text.splitlines()]
+                if line.startswith("data: {") and '"usage":{' in line
+            ]
+            assert sum(u["total_tokens"] for u in usages) == limit
+            assert (await counters(c, tenant))["tokens_last_minute"] == limit  # type: ignore[arg-type]
 
 
 async def test_tokens_per_day_spent_is_insufficient_quota(client: Client) -> None:

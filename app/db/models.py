@@ -1,5 +1,6 @@
 """Tables of tenancy: tenants, API keys, quota policies, the usage ledger, its daily rollup,
-the audit log and the generated admin credential; and the tenants' stored responses.
+the audit log, the generated admin credential, the tenants' stored responses and the
+fleet's quota leases.
 
 Times are Unix seconds (floats): one portable type for SQLite and PostgreSQL alike, and the
 unit the API speaks. Ids are prefixed and sort by creation (``ten_``, ``key_``).
@@ -10,6 +11,7 @@ outlives a deleted tenant.
 from __future__ import annotations
 
 from sqlalchemy import (
+    Boolean,
     CheckConstraint,
     Float,
     ForeignKey,
@@ -172,3 +174,50 @@ class AdminCredential(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     hashed: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[float] = mapped_column(Float)
+
+
+class FleetLease(Base):
+    """A part of a scope's fleet-wide quota held by one replica (app/tenancy/fleet.py).
+
+    Open: ``tokens`` and ``requests`` granted and ``slots`` held, all counted until
+    ``expires_at`` (renewed while the replica lives). Closed: what the replica used,
+    counted at ``counted_at`` (its last charge) for a minute."""
+
+    __tablename__ = "fleet_leases"
+    __table_args__ = (Index("ix_fleet_leases_scope", "scope"),)
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    scope: Mapped[str] = mapped_column(String(64))  # "tenant ten_…" / "key key_…"
+    replica: Mapped[str] = mapped_column(String(128), index=True)
+    open: Mapped[bool] = mapped_column(Boolean)
+    tokens: Mapped[int] = mapped_column(Integer)
+    requests: Mapped[int] = mapped_column(Integer)
+    slots: Mapped[int] = mapped_column(Integer)
+    granted_at: Mapped[float] = mapped_column(Float)
+    expires_at: Mapped[float] = mapped_column(Float)
+    counted_at: Mapped[float] = mapped_column(Float)
+
+
+class FleetLive(Base):
+    """A replica's live counters of a scope, as of its last heartbeat: the admin API and
+    ``/v1/key`` of any replica add the others' to their own."""
+
+    __tablename__ = "fleet_live"
+
+    replica: Mapped[str] = mapped_column(String(128), primary_key=True)
+    scope: Mapped[str] = mapped_column(String(64), primary_key=True)
+    requests_last_minute: Mapped[int] = mapped_column(Integer)
+    tokens_last_minute: Mapped[int] = mapped_column(Integer)
+    tokens_today: Mapped[int] = mapped_column(Integer)
+    concurrent_requests: Mapped[int] = mapped_column(Integer)
+    at: Mapped[float] = mapped_column(Float)
+
+
+class FleetReplica(Base):
+    """A replica of the fleet, as it last said it was alive."""
+
+    __tablename__ = "fleet_replicas"
+
+    id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    seen_at: Mapped[float] = mapped_column(Float)
+    started_at: Mapped[float] = mapped_column(Float)

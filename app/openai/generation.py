@@ -6,7 +6,8 @@
 
 A stop string ends its choice at once for the client; the core's request is cancelled when
 every choice has stopped or finished (the core cancels a request, not a choice). Leaving the
-iteration early (a client gone, an error) cancels the request and frees its KV.
+iteration early (a client gone, an error) cancels the request and frees its KV. A token its
+tenant's quota has no room for (``allows``) ends every choice there with "length".
 
 What it was served is what reached its client:
 
@@ -35,6 +36,7 @@ from app.server.metrics import Metrics
 from app.tenancy.service import Outcome
 from quanta_core.requests import (
     ChoiceResult,
+    ChoiceTimings,
     FinishReason,
     GenerationRequest,
     RejectionKind,
@@ -87,6 +89,9 @@ class Generation:
         self._sent = 0  # output tokens in the writes that reached the client
         self._sending = 0  # ... and in the write under way
         self.on_sent: Callable[[], None] | None = None
+        # May the request have produced this many output tokens (all choices)? The quota.
+        self.allows: Callable[[int], bool] | None = None
+        self._produced = 0
         self._request = GenerationRequest(
             request_id=ctx.request_id,
             prompt_tokens=plan.prompt_tokens,
@@ -100,6 +105,10 @@ class Generation:
             prefix_hash=plan.prefix_hash,
             cache_salt=ctx.tenant if core.prefix_cache_per_tenant else None,
         )
+
+    @property
+    def request(self) -> GenerationRequest:
+        return self._request
 
     @property
     def finished(self) -> bool:
@@ -122,6 +131,11 @@ class Generation:
                     choice = self._choices[event.index]
                     if choice.stopped:
                         continue
+                    if self.allows is not None and not self.allows(self._produced + 1):
+                        for update in self._out_of_quota():
+                            yield update
+                        return
+                    self._produced += 1
                     piece = choice.push(event)
                     if choice.stopped:
                         self._cancel_when_all_stopped()
@@ -211,6 +225,28 @@ class Generation:
     def _cancel_when_all_stopped(self) -> None:
         if all(c.stopped or i in self._results for i, c in enumerate(self._choices)):
             self.cancel()
+
+    def _out_of_quota(self) -> list[Update]:
+        """End every running choice here, as if it had reached max_tokens."""
+        self.cancel()
+        updates = []
+        for index, choice in enumerate(self._choices):
+            if index in self._results:
+                continue
+            self._results[index] = ChoiceResult(
+                self._ctx.request_id,
+                index,
+                FinishReason.LENGTH,
+                self.prompt_tokens,
+                0,
+                choice.n_tokens,
+                (),
+                ChoiceTimings(arrival=0.0),
+            )
+            if choice.stopped:
+                continue
+            updates.append(Update(index, choice.finish(), "length"))
+        return updates
 
     def _finish(self, result: ChoiceResult) -> Update:
         self._results[result.index] = result

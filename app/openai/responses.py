@@ -174,7 +174,7 @@ class ResponsesService:
         chat = chat_request(request, history, new)
         plan = chat_plan(chat, core.tokenizer, core.grammars, core.n_ctx)
         draft = _Draft(request, core.model_name, history + new)
-        generation, updates = self._completions.launch(core, plan, 1, ctx)
+        generation, updates = await self._completions.launch(core, plan, 1, ctx)
         if not request.stream:
             output = await unless_disconnected(receive, _collect(updates))
             body = draft.response(output, generation.usage())

@@ -22,6 +22,7 @@ from app.server.core import Core
 from app.server.errors import ModelNotFound
 from app.server.metrics import Metrics
 from app.server.state import ServerState
+from app.tenancy.limits import Ask
 
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
@@ -62,7 +63,7 @@ class CompletionService:
         ctx: RequestContext,
         receive: Receive,
     ) -> Response[Any]:
-        generation, updates = self.launch(core, plan, request.n, ctx)
+        generation, updates = await self.launch(core, plan, request.n, ctx)
         if not request.stream:
             choices = await unless_disconnected(receive, _collect(updates, request.n))
             response = Response(renderer.whole(choices, generation.usage()))
@@ -77,18 +78,19 @@ class CompletionService:
         )
         return Stream(stream, media_type="text/event-stream", headers=SSE_HEADERS)
 
-    def launch(
+    async def launch(
         self, core: Core, plan: PromptPlan, n: int, ctx: RequestContext
     ) -> tuple[Generation, AsyncIterator[Update]]:
         """Admit and start ``plan`` (quotas, then the core: a refusal raises here, before
         any body); its updates, with tool calls read out when it has tools."""
-        if ctx.gate is not None:  # 429 here, before anything reaches the core
-            ctx.gate.reserve(len(plan.prompt_tokens) + plan.max_tokens * n)
         logprobs = plan.sampling.logprobs is not None
         generation = Generation(core, plan, n, ctx, self._metrics, logprobs=logprobs)
-        if ctx.gate is not None:
+        if ctx.gate is not None:  # 429 here, before anything reaches the core
+            likely = core.likely_output(generation.request) if core.likely_output else None
+            await ctx.gate.reserve(Ask(len(plan.prompt_tokens), plan.max_tokens, n, likely))
             ctx.gate.bind(generation)
             generation.on_sent = ctx.gate.sent
+            generation.allows = ctx.gate.allows
         generation.start()
         updates = generation.updates()
         if plan.tools is not None:

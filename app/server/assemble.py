@@ -25,9 +25,13 @@ from quanta_core.engine.llama_cpp.tokenizer import Tokenizer
 from quanta_core.engine.protocol import Executor
 from quanta_core.engine.tool_grammar import ToolCallGrammar
 from quanta_core.predictor import LengthPredictor
-from quanta_core.scheduler import Driver, Scheduler
+from quanta_core.scheduler import Choice, Driver, Scheduler
 from quanta_core.scheduler.warmup import warm_up
 from quanta_core.sim.step_trace import StepTracer
+
+# A token quota reserves this quantile of a request's predicted output (app/tenancy/limits.py:
+# ``Ask``): most requests end inside it, and one that goes on is charged as it does.
+RESERVE_QUANTILE = 0.9
 
 log = logging.getLogger("quanta.assemble")
 
@@ -111,4 +115,7 @@ def build_core(settings: Settings) -> Core:
         aliases=settings.model_aliases(),
         snapshot=driver.snapshot,
         prefix_cache_per_tenant=settings.prefix_cache_sharing == "tenant",
+        likely_output=lambda request: scheduler.predictor.remaining(
+            Choice.choices_of(request, 0.0, 0)[0], RESERVE_QUANTILE
+        ),
     )

@@ -113,6 +113,9 @@ class Core:
     snapshot: Callable[[], SchedulerSnapshot] | None = None
     # Cached prompt prefixes are shared within a tenant (its id salts the cache), else by all.
     prefix_cache_per_tenant: bool = True
+    # The output a choice of this request will likely produce (a quota reserves it; None:
+    # a core that cannot tell, max_tokens is reserved).
+    likely_output: Callable[[GenerationRequest], int] | None = None
 
     @property
     def names(self) -> tuple[str, ...]:

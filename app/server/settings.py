@@ -168,6 +168,15 @@ class Settings(BaseSettings):
     data_dir: Path = Field(
         default=Path(".quanta"), description="server-side files: the API-key HMAC secret"
     )
+    # Replicas sharing one PostgreSQL share its quotas through leases (app/tenancy/fleet.py).
+    fleet_quotas: bool | None = Field(
+        default=None,
+        description="quotas held fleet-wide through leases in the database (unset: on with "
+        "PostgreSQL, off with SQLite)",
+    )
+    replica_id: str | None = Field(
+        default=None, description="this replica's name in the fleet (unset: host:port:pid)"
+    )
     admin_key: SecretStr | None = Field(
         default=None, description="bearer key of /admin/v1; unset: generated on first run"
     )

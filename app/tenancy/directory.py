@@ -8,6 +8,7 @@ server runs: ``Tenancy`` looks those up once in the database and adds them.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
 from sqlalchemy import or_, select
@@ -59,6 +60,7 @@ class Directory:
         self.tenants: dict[str, TenantView] = {}
         self.keys: dict[str, KeyView] = {}
         self._by_hash: dict[str, str] = {}  # current and in-grace previous hashes → key id
+        self._lock = asyncio.Lock()
 
     def find(self, hashed: str) -> KeyView | None:
         # The dict finds the candidate by the key's HMAC, which nobody can aim at without
@@ -73,13 +75,22 @@ class Directory:
             return key
         return None
 
+    # Every row is read before anything changes, and the change is made with no await in
+    # between: the requests authenticated meanwhile never see a key without its tenant.
+    # Reloads (a notification, a new key's lookup, the admin API) run one at a time, so one
+    # that read before a change never lands after one that read it.
+
     async def load_all(self, session: AsyncSession) -> None:
-        self.tenants, self.keys, self._by_hash = {}, {}, {}
-        await self._load(session, None)
+        async with self._lock:
+            tenants, keys = await self._read(session, None)
+            self.tenants, self.keys, self._by_hash = {}, {}, {}
+            self._apply(tenants, keys)
 
     async def reload_tenant(self, session: AsyncSession, tenant_id: str) -> None:
-        self._forget(tenant_id)
-        await self._load(session, tenant_id)
+        async with self._lock:
+            tenants, keys = await self._read(session, tenant_id)
+            self._forget(tenant_id)
+            self._apply(tenants, keys)
 
     async def load_key_by_hash(self, session: AsyncSession, hashed: str) -> KeyView | None:
         found = await session.scalar(
@@ -100,7 +111,9 @@ class Directory:
             if key.previous_hashed is not None:
                 self._by_hash.pop(key.previous_hashed, None)
 
-    async def _load(self, session: AsyncSession, tenant_id: str | None) -> None:
+    async def _read(
+        self, session: AsyncSession, tenant_id: str | None
+    ) -> tuple[list[TenantView], list[KeyView]]:
         tenants = select(Tenant)
         keys = select(ApiKey)
         policies = select(QuotaPolicy)
@@ -120,9 +133,11 @@ class Directory:
                 by_tenant[policy.tenant_id] = limits
             elif policy.key_id is not None:
                 by_key[policy.key_id] = limits
-        for t in await session.scalars(tenants):
-            limits = by_tenant.get(t.id, UNLIMITED)
-            self.tenants[t.id] = TenantView(t.id, t.name, t.status, t.weight, limits)
+        tenant_views = [
+            TenantView(t.id, t.name, t.status, t.weight, by_tenant.get(t.id, UNLIMITED))
+            for t in await session.scalars(tenants)
+        ]
+        key_views = []
         for k in await session.scalars(keys):
             view = KeyView(
                 k.id,
@@ -137,7 +152,16 @@ class Directory:
                 k.expires_at,
                 by_key.get(k.id),
             )
-            self.keys[k.id] = view
+            key_views.append(view)
+        return tenant_views, key_views
+
+    def _apply(self, tenants: list[TenantView], keys: list[KeyView]) -> None:
+        for t in tenants:
+            self.tenants[t.id] = t
+        for k in keys:
+            if k.tenant_id not in self.tenants:  # its tenant was made after the keys were read
+                continue
+            self.keys[k.id] = k
             self._by_hash[k.hashed] = k.id
             if k.previous_hashed is not None:
                 self._by_hash[k.previous_hashed] = k.id

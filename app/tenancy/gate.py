@@ -3,7 +3,10 @@ headers middleware.
 
 ApiKeyAuthentication   litestar's auth middleware on the tenant routes: 401/403, or the
                        Principal as ``request.user`` (x-ratelimit-* noted for the response)
-RequestGate.reserve    after planning (prompt and max_tokens known): 429 or a Reservation
+RequestGate.reserve    after planning (prompt, max_tokens and the likely output known): 429
+                       or a Reservation
+RequestGate.allows     for each output token: may the request go on (False: the quotas have
+                       nothing left; the request ends with finish_reason "length")
 tenancy_middleware     adds x-ratelimit-* to whatever response goes out, tells the
                        reservation whether each write it was charged for reached the client,
                        and closes the reservation when the ASGI call ends — finished, failed
@@ -23,6 +26,7 @@ from litestar.middleware import AbstractAuthenticationMiddleware, Authentication
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.server.http_protocol import connection_closing
+from app.tenancy.limits import Ask
 from app.tenancy.service import Principal, Reservation, Served, Tenancy
 
 # What the handler leaves for ``tenancy_middleware`` in the scope's state: the response's
@@ -73,11 +77,15 @@ class RequestGate:
         self._request_id = request_id
         self._reservation: Reservation | None = None
 
-    def reserve(self, tokens: int) -> None:
-        """Reserve ``tokens`` (prompt + max_tokens × n) or raise the 429."""
-        self._reservation = self._tenancy.reserve(self._principal, self._request_id, tokens)
+    async def reserve(self, ask: Ask) -> None:
+        """Reserve what ``ask`` will likely use, or raise the 429."""
+        self._reservation = await self._tenancy.reserve(self._principal, self._request_id, ask)
         self._state[RESERVATION] = self._reservation
         self._state[RATE_HEADERS] = self._tenancy.headers(self._principal)
+
+    def allows(self, output_tokens: int) -> bool:
+        """May the request have produced ``output_tokens`` (all choices) in all?"""
+        return self._reservation is None or self._reservation.more(output_tokens)
 
     def bind(self, served: Served) -> None:
         if self._reservation is not None:

@@ -6,9 +6,16 @@
       in_flight: requests holding a concurrency slot
 
 ``check`` reads every scope and charges nothing; only if all pass does ``charge`` add to all
-of them, so a refused request consumes nothing. A charge reserves prompt + max_tokens;
-``settle`` replaces the reservation by what was served and frees the concurrency slot.
-Single-threaded by design: the event loop is the lock.
+of them, so a refused request consumes nothing. A request is admitted if its prompt and one
+token per choice fit (``Ask``); a charge reserves what it will likely use, as much of it as
+every scope has left; ``grow`` charges output past the reservation as it comes, and answers
+0 where a scope has nothing left (the request ends there); ``settle`` replaces the charge by
+what was served and frees the concurrency slot. Single-threaded by design: the event loop
+is the lock.
+
+A scope whose quota is shared by a fleet of replicas has a ``Share`` (app/tenancy/share.py):
+its per-minute tokens, requests and concurrency are then what this replica leased from the
+database; the window still counts this replica's use, for headers and the live view.
 """
 
 from __future__ import annotations
@@ -18,7 +25,8 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from app.tenancy.limits import Denial, Limit, Limits
+from app.tenancy.limits import Ask, Denial, Limit, Limits
+from app.tenancy.share import UNBOUNDED, Hold, Share
 
 MINUTE = 60
 DAY = 86_400
@@ -81,9 +89,12 @@ class Counters:
     day: int = 0
     day_tokens: int = 0
     in_flight: int = 0
+    share: Share | None = None  # the scope's quota is the fleet's: what this replica leased
+    others_today: int = 0  # fleet quotas: the other replicas' tokens today (heartbeats)
 
     def tokens_today(self, now: float) -> int:
-        return self.day_tokens if self.day == int(now // DAY) else 0
+        own = self.day_tokens if self.day == int(now // DAY) else 0
+        return own + self.others_today
 
     def add_today(self, now: float, amount: int) -> None:
         today = int(now // DAY)
@@ -102,9 +113,11 @@ class Scope:
 class Charge:
     """One request's reservation in every scope it was charged to."""
 
+    scopes: Sequence[Scope]
     counters: list[Counters]
     at: float
     tokens: int
+    holds: list[Hold | None] = field(default_factory=list)  # per scope, where it has a Share
     settled: bool = False
 
 
@@ -130,15 +143,15 @@ class Limiter:
             found = self._counters[scope] = Counters()
         return found
 
-    def check(self, scopes: Sequence[Scope], tokens: int, now: float) -> Denial | None:
+    def check(self, scopes: Sequence[Scope], ask: Ask, now: float) -> Denial | None:
         for scope in scopes:
-            denial = self._check_one(scope, self.counters(scope.name), tokens, now)
+            denial = self._check_one(scope, self.counters(scope.name), ask.least, now)
             if denial is not None:
                 return denial
         return None
 
     def _check_one(self, scope: Scope, c: Counters, tokens: int, now: float) -> Denial | None:
-        lim = scope.limits
+        lim = _limits(scope, c)
         if (tpm := lim.max_tokens_per_1_minute) is not None and tokens > tpm:
             return Denial(Limit.TOKENS, scope.name, tpm, c.tokens.used(now), tokens, 60.0, False)
         if (tpd := lim.max_tokens_per_1_day) is not None:
@@ -148,28 +161,77 @@ class Limiter:
                 return Denial(
                     Limit.TOKENS_DAY, scope.name, tpd, used, tokens, until_midnight, False
                 )
+        share = _leased(c)
         if (rpm := lim.max_requests_per_1_minute) is not None:
             used = c.requests.used(now)
-            if used + 1 > rpm:
+            if share is not None and share.requests_left() < 1:
+                return Denial(Limit.REQUESTS, scope.name, rpm, used, 1, share.retry_after_s, True)
+            if share is None and used + 1 > rpm:
                 wait = c.requests.wait_for(now, rpm, 1)
                 return Denial(Limit.REQUESTS, scope.name, rpm, used, 1, wait, True)
         if tpm is not None:
             used = c.tokens.used(now)
-            if used + tokens > tpm:
+            if share is not None and share.tokens_left() < tokens:
+                used = max(used, share.fleet_used)  # the fleet's, as the database counted it
+                wait = share.retry_after_s
+                return Denial(Limit.TOKENS, scope.name, tpm, used, tokens, wait, True)
+            if share is None and used + tokens > tpm:
                 wait = c.tokens.wait_for(now, tpm, tokens)
                 return Denial(Limit.TOKENS, scope.name, tpm, used, tokens, wait, True)
-        if (most := lim.max_concurrent_requests) is not None and c.in_flight + 1 > most:
-            return Denial(Limit.CONCURRENCY, scope.name, most, c.in_flight, 1, 1.0, True)
+        if (most := lim.max_concurrent_requests) is not None:
+            full = share.slots_free() < 1 if share is not None else c.in_flight + 1 > most
+            if full:
+                return Denial(Limit.CONCURRENCY, scope.name, most, c.in_flight, 1, 1.0, True)
         return None
 
-    def charge(self, scopes: Sequence[Scope], tokens: int, now: float) -> Charge:
+    def headroom(self, scopes: Sequence[Scope], now: float) -> int:
+        """The tokens every scope still allows now (``UNBOUNDED`` without a token limit)."""
+        room = UNBOUNDED
+        for scope in scopes:
+            c = self.counters(scope.name)
+            lim = _limits(scope, c)
+            if (tpd := lim.max_tokens_per_1_day) is not None:
+                room = min(room, tpd - c.tokens_today(now))
+            share = _leased(c)
+            if share is not None:
+                room = min(room, share.tokens_left())
+            elif (tpm := lim.max_tokens_per_1_minute) is not None:
+                room = min(room, tpm - c.tokens.used(now))
+        return max(room, 0)
+
+    def charge(self, scopes: Sequence[Scope], ask: Ask, now: float) -> Charge:
+        """Reserve what ``ask`` will likely use, as much as every scope has left (at least
+        ``ask.least``, which ``check`` found to fit)."""
+        tokens = max(ask.least, min(ask.likely_total, self.headroom(scopes, now)))
         counters = [self.counters(s.name) for s in scopes]
+        holds: list[Hold | None] = []
         for c in counters:
             c.requests.add(now, 1)
             c.tokens.add(now, tokens)
             c.add_today(now, tokens)
             c.in_flight += 1
-        return Charge(counters, now, tokens)
+            share = _leased(c)
+            holds.append(share.take(tokens, now) if share is not None else None)
+        return Charge(scopes, counters, now, tokens, holds)
+
+    def grow(self, charge: Charge, tokens: int, now: float) -> int:
+        """Up to ``tokens`` more for a running request: what every scope still allows."""
+        if charge.settled:
+            return 0
+        got = min(tokens, self.headroom(charge.scopes, now))
+        if got <= 0:
+            return 0
+        for c, hold in zip(charge.counters, charge.holds, strict=True):
+            if hold is not None and c.share is not None:
+                got = min(got, c.share.grow(hold, got, now))
+        if got <= 0:
+            return 0
+        # A share granted less than another: the first ones keep the surplus until settled.
+        for c in charge.counters:
+            c.tokens.add(now, got)
+            c.add_today(now, got)
+        charge.tokens += got
+        return got
 
     def settle(self, charge: Charge, tokens: int, now: float, *, count_request: bool) -> None:
         """Replace the reservation by ``tokens``; free the slot. Idempotent."""
@@ -178,13 +240,15 @@ class Limiter:
         charge.settled = True
         delta = tokens - charge.tokens
         second = int(charge.at)
-        for c in charge.counters:
+        for c, hold in zip(charge.counters, charge.holds, strict=True):
             c.in_flight -= 1
             c.tokens.adjust(second, delta, now)
             if not count_request:
                 c.requests.adjust(second, -1, now)
             if int(charge.at // DAY) == c.day:
                 c.day_tokens += delta
+            if hold is not None and c.share is not None:
+                c.share.settle(hold, tokens, count_request=count_request, now=now)
 
     def remaining(self, scopes: Iterable[Scope], now: float) -> Remaining:
         best_r: tuple[int, int, float] | None = None
@@ -203,6 +267,20 @@ class Limiter:
         t = best_t or (None, 0, 0.0)
         return Remaining(r[0], r[1], r[2], t[0], t[1], t[2])
 
+    def counters_by_scope(self) -> dict[str, Counters]:
+        return self._counters
+
+    def live(self, now: float) -> list[tuple[str, int, int, int, int]]:
+        """Every scope with something to show: (scope, requests and tokens of the last
+        minute, tokens today, in flight)."""
+        rows = []
+        for name, c in self._counters.items():
+            own_today = c.tokens_today(now) - c.others_today
+            row = (c.requests.used(now), c.tokens.used(now), own_today, c.in_flight)
+            if any(row):
+                rows.append((name, *row))
+        return rows
+
     def rebuild(
         self,
         minute: Iterable[tuple[str, float, int, bool]],
@@ -211,7 +289,10 @@ class Limiter:
     ) -> None:
         """Set the counters from the ledger: (scope, started_at, tokens, counted) of the last
         minute, and (scope, tokens) of today. Replaces whatever was counted before."""
+        shares = {name: c.share for name, c in self._counters.items() if c.share is not None}
         self._counters = {}
+        for name, share in shares.items():
+            self.counters(name).share = share
         for scope, at, tokens, counted in minute:
             c = self.counters(scope)
             c.requests.add(at, 1 if counted else 0)
@@ -220,3 +301,28 @@ class Limiter:
         for scope, tokens in today:
             c = self.counters(scope)
             c.day, c.day_tokens = day, c.day_tokens + tokens
+
+
+def _leased(c: Counters) -> Share | None:
+    """The scope's share while it holds, None where the window counts (no share, or the
+    database unreachable)."""
+    return c.share if c.share is not None and not c.share.degraded else None
+
+
+def _limits(scope: Scope, c: Counters) -> Limits:
+    """The scope's limits; with the database unreachable, this replica's part of them."""
+    share = c.share
+    if share is None or not share.degraded or share.fleet_size <= 1:
+        return scope.limits
+    n = share.fleet_size
+    lim = scope.limits
+
+    def part(value: int | None) -> int | None:
+        return None if value is None else max(1, value // n)
+
+    return Limits(
+        part(lim.max_requests_per_1_minute),
+        part(lim.max_tokens_per_1_minute),
+        lim.max_tokens_per_1_day,
+        part(lim.max_concurrent_requests),
+    )

@@ -1,4 +1,5 @@
-"""What a quota allows (``Limits``) and why a request was refused (``Denial``)."""
+"""What a quota allows (``Limits``), what a request asks of it (``Ask``) and why a request was
+refused (``Denial``)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,36 @@ class Limits:
 
 
 UNLIMITED = Limits()
+
+
+@dataclass(frozen=True, slots=True)
+class Ask:
+    """A request's claim on token quotas: its prompt, ``n`` choices of at most ``max_tokens``
+    each, and the output a choice will likely produce (the length predictor's quantile;
+    ``None``: nothing learned, ``max_tokens``).
+
+    It is admitted if its prompt and one token per choice fit (``least``); it reserves what
+    it will likely use (``likely_total``), as much of it as the quotas have left; output past
+    the reservation is charged as it comes, and where the quotas have nothing left the request
+    ends there with ``finish_reason: "length"``. Settled to what was served."""
+
+    prompt: int
+    max_tokens: int
+    n: int = 1
+    likely: int | None = None
+
+    @property
+    def least(self) -> int:
+        return self.prompt + self.n
+
+    @property
+    def most(self) -> int:
+        return self.prompt + self.n * self.max_tokens
+
+    @property
+    def likely_total(self) -> int:
+        per_choice = self.max_tokens if self.likely is None else min(self.likely, self.max_tokens)
+        return self.prompt + self.n * max(per_choice, 1)
 
 
 class Limit(StrEnum):
@@ -44,7 +75,7 @@ class Denial:
         if not self.should_retry and self.limit is Limit.TOKENS:
             return (
                 f"Request too large for {self.scope} on {self.limit.value}: Limit "
-                f"{self.allowed}, Requested {self.requested}. Reduce the prompt or max_tokens."
+                f"{self.allowed}, Requested {self.requested}. Reduce the prompt."
             )
         if self.is_quota:
             return (

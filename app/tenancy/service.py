@@ -3,6 +3,8 @@
     authenticate(header)  HMAC → Directory (memory)        401 / 403, or a Principal
                           an unknown key: AuthGuard, then one DB lookup   429 / 401
     reserve(principal, …) Limiter.check, then .charge       429, or a Reservation
+                          (fleet quotas: a grant first where this replica holds too little)
+    Reservation.more(n)   output past the reservation, charged as it comes (memory)
     Reservation.close()   Limiter.settle + LedgerWriter.record (a list append)
 
 Started by the app's lifespan: checks the schema is at head, loads the directory, rebuilds
@@ -13,6 +15,8 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import socket
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -21,6 +25,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from sqlalchemy import func, select
+from sqlalchemy.engine import make_url
 
 from app.db.engine import make_engine, make_sessionmaker
 from app.db.migrate import check_at_head
@@ -29,11 +34,13 @@ from app.server.errors import DatabaseUnavailable, InvalidApiKey, RateLimited, T
 from app.server.settings import Settings
 from app.tenancy.auth_guard import AuthGuard, retry_after_s
 from app.tenancy.directory import Directory, KeyView, TenantView
+from app.tenancy.fleet import Fleet, FleetConfig
 from app.tenancy.journal import Journal
 from app.tenancy.keys import KeyHasher, load_secret, same_digest, sha256_hex
 from app.tenancy.ledger import PARTIAL, LedgerWriter, UsageRow, close_interrupted, utc_day
 from app.tenancy.limiter import MINUTE, Charge, Limiter, Remaining, Scope
-from app.tenancy.limits import UNLIMITED, Denial, duration
+from app.tenancy.limits import UNLIMITED, Ask, Denial, duration
+from app.tenancy.listener import TenancyListener
 
 log = logging.getLogger("quanta.tenancy")
 
@@ -43,6 +50,8 @@ NEGATIVE_MAX = 10_000
 # Statuses whose row does not count a request against RPM (a partial row's request is
 # counted by its final row).
 NOT_COUNTED = ("rejected", PARTIAL)
+# Output past a reservation is charged in steps of this many tokens (fewer where less is left).
+GROW_STEP = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +167,18 @@ class Tenancy:
         self.guard = AuthGuard(
             settings.auth_failures_per_minute, settings.unknown_key_lookups_per_s
         )
+        self.fleet: Fleet | None = None
+        self.listener: TenancyListener | None = None
+        postgres = make_url(settings.database_url).get_backend_name() == "postgresql"
+        fleet = settings.fleet_quotas if settings.fleet_quotas is not None else postgres
+        if fleet:
+            if not postgres:
+                raise ValueError("fleet quotas need PostgreSQL (QUANTA_DATABASE_URL)")
+            replica = settings.replica_id or f"{socket.gethostname()}:{settings.port}:{os.getpid()}"
+            self.fleet = Fleet(self.engine, self.limiter, FleetConfig(replica), clock)
+            self.listener = TenancyListener(
+                settings.database_url, self._reload_tenant, self._reload_directory
+            )
 
     @asynccontextmanager
     async def lifespan(self, _: Any) -> AsyncIterator[None]:
@@ -185,10 +206,26 @@ class Tenancy:
             log.warning("%d requests were in flight when the server last died", closed)
         await self.rebuild_counters()
         self.ledger.start()
+        if self.fleet is not None:
+            self.fleet.start()
+        if self.listener is not None:
+            self.listener.start()
 
     async def stop(self) -> None:
+        if self.listener is not None:
+            await self.listener.stop()
+        if self.fleet is not None:
+            await self.fleet.stop()
         await self.ledger.stop()
         await self.engine.dispose()
+
+    async def _reload_tenant(self, tenant_id: str) -> None:
+        async with self.sessions() as session:
+            await self.directory.reload_tenant(session, tenant_id)
+
+    async def _reload_directory(self) -> None:
+        async with self.sessions() as session:
+            await self.directory.load_all(session)
 
     async def rebuild_counters(self) -> None:
         """Set (never add to) the counters from the ledger: its last minute and today."""
@@ -278,7 +315,7 @@ class Tenancy:
     def headers(self, principal: Principal) -> dict[str, str]:
         return rate_headers(self.limiter.remaining(principal.scopes(), self.clock()))
 
-    def reserve(self, principal: Principal, request_id: str, tokens: int) -> Reservation:
+    async def reserve(self, principal: Principal, request_id: str, ask: Ask) -> Reservation:
         now = self.clock()
         down = self.ledger.failing_since
         if down is not None and now - down > self.settings.ledger_outage_s:
@@ -286,15 +323,25 @@ class Tenancy:
             # unrecorded for longer than the operator allowed.
             raise DatabaseUnavailable("the usage ledger cannot be written; try again shortly")
         scopes = principal.scopes()
-        denial = self.limiter.check(scopes, tokens, now)
+        if self.fleet is not None:
+            await self.fleet.prepare(scopes, ask)
+            now = self.clock()
+        denial = self.limiter.check(scopes, ask, now)
         if denial is not None:
             raise rate_limited(denial)
-        return Reservation(self, principal, request_id, self.limiter.charge(scopes, tokens, now))
+        charge = self.limiter.charge(scopes, ask, now)
+        return Reservation(self, principal, request_id, charge, ask.prompt)
 
     def live(self, scope: str) -> LiveUsage:
+        """The scope's use on this replica, plus the other replicas' as of their last
+        heartbeat (fleet quotas: a second old at most)."""
         now = self.clock()
         c = self.limiter.counters(scope)
-        return LiveUsage(c.requests.used(now), c.tokens.used(now), c.tokens_today(now), c.in_flight)
+        r, t, _, n = (0, 0, 0, 0) if self.fleet is None else self.fleet.others.get(scope, (0,) * 4)
+        # tokens_today holds the others' already (the day quota is checked against it)
+        return LiveUsage(
+            c.requests.used(now) + r, c.tokens.used(now) + t, c.tokens_today(now), c.in_flight + n
+        )
 
     def check_admin(self, authorization: str | None) -> None:
         value = bearer(authorization)
@@ -315,9 +362,15 @@ class Reservation:
     charged nothing."""
 
     def __init__(
-        self, tenancy: Tenancy, principal: Principal, request_id: str, charge: Charge
+        self,
+        tenancy: Tenancy,
+        principal: Principal,
+        request_id: str,
+        charge: Charge,
+        prompt: int = 0,
     ) -> None:
         self._tenancy = tenancy
+        self._prompt = prompt
         self._principal = principal
         self._request_id = request_id
         self._charge = charge
@@ -327,6 +380,16 @@ class Reservation:
     def bind(self, served: Served) -> None:
         self._served = served
         self._tenancy.ledger.watch(self)
+
+    def more(self, output_tokens: int) -> bool:
+        """May the request have produced ``output_tokens`` (all choices) in all? Output past
+        the reservation is charged as it comes; False where the quotas have nothing left."""
+        charge = self._charge
+        over = self._prompt + output_tokens - charge.tokens
+        if over <= 0 or charge.settled:
+            return not charge.settled
+        t = self._tenancy
+        return t.limiter.grow(charge, max(over, GROW_STEP), t.clock()) >= over
 
     def sent(self) -> None:
         """The client is about to be written what ``outcome(ahead=True)`` says: journal it."""

@@ -1,0 +1,1 @@
+"""A local fleet: PostgreSQL, replicas and Envoy on one machine (``quanta fleet``)."""
