@@ -77,7 +77,7 @@ def start_server(
     port = free_port()
     environment = {
         **os.environ,
-        "QUANTA_CONFIG": "/nonexistent/quanta.toml",
+        "QUANTA_CONFIG": "",
         "PYTHONPATH": str(ROOT),
         **db.env(),
         **(env or {}),

@@ -9,6 +9,7 @@ import logging
 import re
 from typing import Any
 
+import msgspec
 from litestar import MediaType, Request, Response
 from litestar.exceptions import HTTPException, ValidationException
 from litestar.status_codes import (
@@ -185,8 +186,17 @@ def validation_error(exc: ValidationException) -> ApiError:
     if extra is None or not isinstance(extra[0], dict):
         return ApiError(str(exc.detail), code="invalid_request")
     first: dict[str, Any] = extra[0]
-    message = str(first.get("message", exc.detail))
-    key = str(first.get("key", "")) or None
+    return _invalid(str(first.get("message", exc.detail)), str(first.get("key", "")) or None)
+
+
+def struct_error(exc: msgspec.ValidationError) -> ApiError:
+    """msgspec's failure to make a request body, as the API says it (``validation_error``):
+    the admin CLI decodes its bodies with this, so its errors are the API's."""
+    message, _, where = str(exc).partition(" - at `$")
+    return _invalid(message, where.strip("`.").split("[")[0] or None)
+
+
+def _invalid(message: str, key: str | None) -> ApiError:
     field = None
     if unknown := _UNKNOWN_FIELD.search(message):
         field = unknown.group(1)

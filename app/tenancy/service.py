@@ -30,7 +30,13 @@ from app.server.settings import Settings
 from app.tenancy.auth_guard import AuthGuard, retry_after_s
 from app.tenancy.directory import Directory, KeyView, TenantView
 from app.tenancy.journal import Journal
-from app.tenancy.keys import KeyHasher, load_secret, same_digest, sha256_hex
+from app.tenancy.keys import (
+    KeyHasher,
+    prepare_data_dir,
+    resolve_secret,
+    same_digest,
+    sha256_hex,
+)
 from app.tenancy.ledger import PARTIAL, LedgerWriter, UsageRow, close_interrupted, utc_day
 from app.tenancy.limiter import MINUTE, Charge, Limiter, Remaining, Scope
 from app.tenancy.limits import UNLIMITED, Denial, duration
@@ -148,7 +154,7 @@ class Tenancy:
         self.clock = clock
         self.engine = make_engine(settings.database_url)
         self.sessions = make_sessionmaker(self.engine)
-        self.hasher = KeyHasher(load_secret(settings))
+        self._hasher: KeyHasher | None = None  # the secret is checked against the database
         self.directory = Directory()
         self.limiter = Limiter()
         journal = Journal(Path(settings.data_dir) / JOURNAL_DIR)
@@ -158,6 +164,12 @@ class Tenancy:
         self.guard = AuthGuard(
             settings.auth_failures_per_minute, settings.unknown_key_lookups_per_s
         )
+
+    @property
+    def hasher(self) -> KeyHasher:
+        if self._hasher is None:
+            raise RuntimeError("the tenancy is not started")
+        return self._hasher
 
     @asynccontextmanager
     async def lifespan(self, _: Any) -> AsyncIterator[None]:
@@ -169,7 +181,9 @@ class Tenancy:
 
     async def start(self) -> None:
         await check_at_head(self.settings.database_url)
+        prepare_data_dir(self.settings.data_dir)
         async with self.sessions() as session:
+            self._hasher = KeyHasher(await resolve_secret(self.settings, session))
             await self.directory.load_all(session)
             if self.settings.admin_key is not None:
                 self.admin_hash = sha256_hex(self.settings.admin_key.get_secret_value())
