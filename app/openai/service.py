@@ -68,6 +68,8 @@ class CompletionService:
         if ctx.gate is not None:
             ctx.gate.bind(generation)
             generation.on_sent = ctx.gate.sent
+        if ctx.record is not None:
+            ctx.record.served = generation
         generation.start()  # a refusal is the response's status, before any body
         updates = generation.updates()
         if not request.stream:

@@ -22,6 +22,7 @@ from app.server.health import HealthController
 from app.server.lifecycle import Lifecycle
 from app.server.metrics import Metrics
 from app.server.request_id import request_id_middleware
+from app.server.request_log import request_log
 from app.server.settings import Settings
 from app.server.state import ServerState
 from app.tenancy.gate import tenancy_middleware
@@ -42,14 +43,22 @@ def create_app(
 ) -> Litestar:
     settings = settings or Settings()
     state = ServerState()
-    metrics = Metrics(state.stats)
-    lifecycle = Lifecycle(state, settings, core_factory or build_real_core)
     tenancy = Tenancy(settings)
+
+    def tenant_name(tenant_id: str) -> str:
+        tenant = tenancy.directory.tenants.get(tenant_id)
+        return tenant.name if tenant is not None else tenant_id
+
+    def model_name() -> str:
+        return state.core.model_name if state.core is not None else ""
+
+    metrics = Metrics(state.stats, tenant_name, model_name)
+    lifecycle = Lifecycle(state, settings, core_factory or build_real_core)
 
     def provide(value: Any) -> Provide:
         return Provide(lambda: value, use_cache=True, sync_to_thread=False)
 
-    return Litestar(
+    app = Litestar(
         route_handlers=[
             CompletionsController,
             ModelsController,
@@ -57,13 +66,18 @@ def create_app(
             HealthController,
             *ADMIN_CONTROLLERS,
         ],
-        dependencies={"server": provide(state), "metrics": provide(metrics)},
+        dependencies={
+            "server": provide(state),
+            "metrics": provide(metrics),
+            "metrics_token": provide(settings.metrics_token),
+        },
         exception_handlers=EXCEPTION_HANDLERS,
         plugins=[LiveViewPlugin()],
         middleware=[request_id_middleware, tenancy_middleware, allow_middleware],
         # Exited in reverse: in-flight requests drain first, then the ledger is flushed.
         lifespan=[tenancy.lifespan, lifecycle.lifespan],
         request_max_body_size=settings.max_body_bytes,
+        logging_config=None,  # the process's one format (app/server/logs.py), not litestar's
         openapi_config=OpenAPIConfig(
             title="Quanta",
             version=VERSION,
@@ -79,3 +93,6 @@ def create_app(
             }
         ),
     )
+    # Around everything, the exception handlers too: the request log sees every response.
+    app.asgi_handler = request_log(app.asgi_handler, metrics)
+    return app

@@ -26,6 +26,7 @@ from app.openai.schemas import ErrorBody, ErrorResponse
 from app.server.request_id import HEADER, shown_request_id
 
 log = logging.getLogger("quanta.errors")
+ERROR_CODE = "quanta_error_code"  # in the scope's state: the code of the error answered
 
 INVALID_REQUEST = "invalid_request_error"
 NOT_FOUND = "not_found_error"
@@ -216,6 +217,8 @@ def _invalid(message: str, key: str | None) -> ApiError:
 def to_response(error: ApiError, request: Request[Any, Any, Any]) -> Response[ErrorResponse]:
     # Also here: a path no route matches never passes through the request-id middleware.
     headers = {**error.headers, HEADER: shown_request_id(request.scope)}
+    state: dict[str, Any] = request.scope.setdefault("state", {})  # type: ignore[assignment]
+    state[ERROR_CODE] = error.code or str(error.status_code)  # the request log's reason
     return Response(
         error.body(), status_code=error.status_code, headers=headers, media_type=MediaType.JSON
     )
