@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from litestar import Litestar
+from litestar.config.cors import CORSConfig
 from litestar.datastructures import State
 from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
@@ -77,6 +78,15 @@ def create_app(
         # Exited in reverse: in-flight requests drain first, then the ledger is flushed.
         lifespan=[tenancy.lifespan, lifecycle.lifespan],
         request_max_body_size=settings.max_body_bytes,
+        cors_config=(
+            CORSConfig(
+                allow_origins=list(settings.cors_allow_origins),
+                allow_headers=["authorization", "content-type", "x-request-id"],
+                expose_headers=["x-request-id", "retry-after", "x-ratelimit-remaining-requests"],
+            )
+            if settings.cors_allow_origins
+            else None
+        ),
         logging_config=None,  # the process's one format (app/server/logs.py), not litestar's
         openapi_config=OpenAPIConfig(
             title="Quanta",

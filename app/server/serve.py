@@ -65,8 +65,8 @@ def freeze_startup_heap() -> None:
 def serve(settings: Settings, core_factory: CoreFactory | None = None) -> int:
     """Run the server until it is stopped; the exit code (1: it failed). (``core_factory``:
     another core than the model's, for tests.)"""
+    prepare_run(settings)  # refuses a schema not at head or a stranger secret; an admin key
     configure_logging(settings.log_level, settings.log_format)
-    prepare_run(settings)  # refuses a schema not at head; generates an admin key if none
     app = create_app(settings, core_factory)
     lifecycle: Lifecycle = app.state["lifecycle"]
     config = uvicorn.Config(
