@@ -56,6 +56,13 @@ def test_sigterm_drains_in_flight_streams_then_exits_cleanly(model_path: Path) -
         server.stop()
 
 
-def test_a_core_that_cannot_start_makes_run_exit_nonzero(model_path: Path) -> None:
-    server = start_server("--policy", "no-such-policy")
+def test_a_core_that_cannot_start_makes_run_exit_nonzero(model_path: Path, tmp_path: Path) -> None:
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"not a model")
+    server = start_server("--model", str(broken))
     assert server.process.wait(60) == 1
+
+
+def test_a_bad_setting_makes_run_exit_2_before_it_starts(model_path: Path) -> None:
+    server = start_server("--policy", "no-such-policy")
+    assert server.process.wait(60) == 2
