@@ -33,8 +33,19 @@ from app.server.config_file import (
 from app.server.settings import Settings
 
 PREFIX = "QUANTA_"
-# QUANTA_* variables that are not settings: read by the CLI itself.
-NOT_SETTINGS = frozenset({CONFIG_VARIABLE, "QUANTA_API_KEY"})
+# QUANTA_* variables that are not settings: read by the CLI itself (the config file, the
+# bench's key), by the tests (QUANTA_TEST_*, QUANTA_FUZZ_MODEL, QUANTA_LIVE_VIEW_SCREENSHOT)
+# and by the bench scripts (QUANTA_STATE).
+NOT_SETTINGS = frozenset(
+    {
+        CONFIG_VARIABLE,
+        "QUANTA_API_KEY",
+        "QUANTA_FUZZ_MODEL",
+        "QUANTA_LIVE_VIEW_SCREENSHOT",
+        "QUANTA_STATE",
+    }
+)
+NOT_SETTINGS_PREFIX = "QUANTA_TEST_"
 
 
 def nearest(name: str) -> str | None:
@@ -50,7 +61,10 @@ def unknown_names(
     fields = Settings.model_fields
     warnings = []
     for variable in sorted(environ):
-        if not variable.upper().startswith(PREFIX) or variable.upper() in NOT_SETTINGS:
+        upper = variable.upper()
+        if not upper.startswith(PREFIX) or upper in NOT_SETTINGS:
+            continue
+        if upper.startswith(NOT_SETTINGS_PREFIX):
             continue
         name = variable[len(PREFIX) :].lower()
         if name not in fields:
