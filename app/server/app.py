@@ -9,14 +9,13 @@ from litestar.config.cors import CORSConfig
 from litestar.datastructures import State
 from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
-from litestar.openapi.plugins import SwaggerRenderPlugin
 
 from app.admin.routes import ADMIN_CONTROLLERS
 from app.admin.ui.plugin import LiveViewPlugin
 from app.openai.routes import CompletionsController, ModelsController
 from app.openai.service import CompletionService
 from app.server.allow import allow_middleware
-from app.server.api_doc import FinishedJsonPlugin
+from app.server.api_doc import FinishedJsonPlugin, docs_assets, swagger_plugin
 from app.server.core import Core, CoreFactory
 from app.server.errors import EXCEPTION_HANDLERS
 from app.server.health import HealthController
@@ -66,6 +65,7 @@ def create_app(
             OwnKeyController,
             HealthController,
             *ADMIN_CONTROLLERS,
+            docs_assets(),
         ],
         dependencies={
             "server": provide(state),
@@ -93,7 +93,7 @@ def create_app(
             version=VERSION,
             description="An OpenAI-compatible LLM inference server with a scheduler core.",
             path="/docs",
-            render_plugins=[SwaggerRenderPlugin(), FinishedJsonPlugin()],
+            render_plugins=[swagger_plugin(), FinishedJsonPlugin()],
         ),
         state=State(
             {
