@@ -4,9 +4,14 @@
 
 The TOML file is ``QUANTA_CONFIG`` (``app.server.config_file``).
 
-Every mistake is one line that names where the value came from (``QUANTA_N_CTX``, ``--n-ctx``
-or ``n_ctx in quanta.toml``) and what is valid. Unknown ``QUANTA_*`` variables and unknown keys
-of the file are warnings naming the nearest setting: the server still starts.
+Every mistake is one line that names where the value came from and what is valid:
+
+    QUANTA_N_CTX=abc: expected an integer >= 64
+    --n-ctx=5: expected an integer >= 64
+    config/quanta.toml: n_ctx = big: expected an integer >= 64
+
+Unknown ``QUANTA_*`` variables and unknown keys of the file are warnings naming the nearest
+setting: the server still starts.
 """
 
 from __future__ import annotations
