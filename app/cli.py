@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import sys
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from pydantic import ValidationError
-
-from app.server.settings import Settings
 
 HELP = "Quanta: a multi-tenant LLM inference server."
+# ``quanta run``'s options whose names are not the setting's (``--n-ctx`` is ``n_ctx``'s).
+RUN_FLAGS = {"model_path": "--model", "grace_s": "--grace"}
 
 
 def build_cli() -> typer.Typer:
@@ -19,17 +19,23 @@ def build_cli() -> typer.Typer:
     ``main``) needs none of the others' (the tenancy commands alone pull in the database
     stack, a large share of a simulation's start-up)."""
     from app.fleet.command import fleet
+    from app.admin.cli import audit, keys_cli, quotas_cli, tenants_cli, usage
     from app.lab.bench.cli import bench_cli
     from app.lab.calibrate.command import calibrate
     from app.lab.sim import sim
     from app.lab.steps import step_replay, step_report
     from app.lab.sweep import sweep
-    from app.tenancy.cli import migrate, tenants_cli
+    from app.tenancy.cli import migrate
 
     cli = typer.Typer(help=HELP, no_args_is_help=True)
+    cli.callback()(_options)
     cli.add_typer(bench_cli, name="bench")
     cli.command()(migrate)
     cli.add_typer(tenants_cli, name="tenants")
+    cli.add_typer(keys_cli, name="keys")
+    cli.add_typer(quotas_cli, name="quotas")
+    cli.command()(usage)
+    cli.command()(audit)
     cli.command()(calibrate)
     cli.command()(sim)
     cli.command()(sweep)
@@ -41,12 +47,36 @@ def build_cli() -> typer.Typer:
     return cli
 
 
+def _show_version(value: bool) -> None:
+    if value:
+        typer.echo(f"quanta {package_version()}")
+        raise typer.Exit()
+
+
+def _options(
+    show_version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_show_version, is_eager=True, help="print the version and exit"
+        ),
+    ] = False,
+) -> None:
+    """Quanta: a multi-tenant LLM inference server."""
+
+
+def package_version() -> str:
+    try:
+        return importlib.metadata.version("quanta")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
 def sim_cli() -> typer.Typer:
     """``quanta`` with the ``sim`` command alone (the same options and help for it)."""
     from app.lab.sim import sim
 
     cli = typer.Typer(help=HELP, no_args_is_help=True)
-    cli.callback()(lambda: None)  # a group, as the whole CLI is: ``quanta sim ...``
+    cli.callback()(_options)  # a group, as the whole CLI is: ``quanta sim ...``
     cli.command()(sim)
     return cli
 
@@ -96,11 +126,16 @@ def run(
         "grace_s": grace,
         "log_level": log_level,
     }
+    from app.server.config import load_settings
+    from app.server.config_file import ConfigError
+    from app.tenancy.cli import config_failure
+
     try:
-        settings = Settings(**{k: v for k, v in flags.items() if v is not None})
-    except ValidationError as exc:
-        typer.echo(f"invalid settings: {exc}", err=True)
-        raise typer.Exit(code=2) from None
+        settings = load_settings(
+            flags, flag_names=RUN_FLAGS, warn=lambda line: typer.echo(line, err=True)
+        )
+    except ConfigError as exc:
+        raise config_failure(exc) from None
     from app.server.serve import serve  # the web stack, for this command only
 
     code = serve(settings)
@@ -110,9 +145,7 @@ def run(
 
 def version() -> None:
     """Print the version."""
-    from app.server.app import VERSION
-
-    typer.echo(VERSION)
+    typer.echo(f"quanta {package_version()}")
 
 
 def main() -> None:

@@ -151,7 +151,7 @@ install_tools
 STATE="$(mktemp -d -t quanta-clients-XXXXXX)"
 export QUANTA_DATABASE_URL="sqlite+aiosqlite:///$STATE/quanta.db"
 export QUANTA_DATA_DIR="$STATE/data"
-export QUANTA_CONFIG=/nonexistent/quanta.toml  # no developer config leaks into a measurement
+export QUANTA_CONFIG=""  # no developer config leaks into a measurement
 "$QUANTA" migrate >/dev/null 2>&1
 # The tools keep USERS streams busy back to back: a batch workload. An interactive key is
 # refused (503, retry-after) whenever its first token is projected past the 2 s target, and

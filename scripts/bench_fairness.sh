@@ -129,7 +129,7 @@ run() {  # $1 scenario, $2 policy
     STATE="$(mktemp -d -t quanta-fair-XXXXXX)"
     export QUANTA_DATABASE_URL="sqlite+aiosqlite:///$STATE/quanta.db"
     export QUANTA_DATA_DIR="$STATE/data"
-    export QUANTA_CONFIG=/nonexistent/quanta.toml  # no developer config leaks into a measurement
+    export QUANTA_CONFIG=""  # no developer config leaks into a measurement
     export QUANTA_ADMIN_KEY="admin-$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')"
     "$QUANTA" migrate >/dev/null
     echo "=== $scenario under $policy ===" >&2
@@ -157,7 +157,7 @@ capacity() {
     STATE="$(mktemp -d -t quanta-fair-XXXXXX)"
     export QUANTA_DATABASE_URL="sqlite+aiosqlite:///$STATE/quanta.db"
     export QUANTA_DATA_DIR="$STATE/data"
-    export QUANTA_CONFIG=/nonexistent/quanta.toml
+    export QUANTA_CONFIG=""
     "$QUANTA" migrate >/dev/null
     local key
     key="$("$QUANTA" tenants create cap | sed -n 's/^api key (shown once): //p')"

@@ -12,7 +12,7 @@
 # these on the 2-core machine (bench/results/fairness/capacity-fcfs.json), so the loads are
 # ~0.6x, 1x and 1.5x of that; each real run takes 1-2 minutes.
 # Each real run: a fresh throw-away database, one tenant and key (`quanta tenants create`),
-# `quanta run --policy P` with no developer config (QUANTA_CONFIG points nowhere; the
+# `quanta run --policy P` with no developer config (QUANTA_CONFIG is empty; the
 # simulation is given the same), `quanta bench run`, the server stopped.
 # Each real run is bracketed by the reference probe (`quanta calibrate --probe-only`, the
 # engine alone, the same threads): right before the server starts and right after it stops.
@@ -67,7 +67,7 @@ SKIP_REAL="${SKIP_REAL:-0}"
 REPLAY="${REPLAY:-0}"
 URL="http://127.0.0.1:$PORT"
 export COLUMNS="${COLUMNS:-200}"
-export QUANTA_CONFIG=/nonexistent/quanta.toml  # the same (default) settings, real and simulated
+export QUANTA_CONFIG=""  # the same (default) settings, real and simulated
 mkdir -p "$OUT"
 SERVER_COST="${SERVER_COST:-bench/results/fidelity/server_cost.json}"
 SERVER_FLAG=()

@@ -37,7 +37,7 @@ run() {  # $1 policy, $2 turn
     STATE="$(mktemp -d -t quanta-horizon-XXXXXX)"
     export QUANTA_DATABASE_URL="sqlite+aiosqlite:///$STATE/quanta.db"
     export QUANTA_DATA_DIR="$STATE/data"
-    export QUANTA_CONFIG=/nonexistent/quanta.toml  # no developer config leaks into a measurement
+    export QUANTA_CONFIG=""  # no developer config leaks into a measurement
     export QUANTA_N_CTX="$N_CTX"
     "${QUANTA[@]}" migrate >/dev/null
     local key

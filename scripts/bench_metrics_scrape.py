@@ -95,7 +95,7 @@ def main() -> None:
         **os.environ,
         "QUANTA_DATABASE_URL": f"sqlite+aiosqlite:///{state}/quanta.db",
         "QUANTA_DATA_DIR": str(state / "data"),
-        "QUANTA_CONFIG": "/nonexistent/quanta.toml",
+        "QUANTA_CONFIG": "",
     }
     quanta = [sys.executable, "-m", "app.cli"]
     subprocess.run([*quanta, "migrate"], env=env, check=True, capture_output=True)

@@ -79,7 +79,7 @@ wait_ready() {  # $1: health path
 QUANTA_STATE="$(mktemp -d -t quanta-bench-XXXXXX)"
 export QUANTA_DATABASE_URL="sqlite+aiosqlite:///$QUANTA_STATE/quanta.db"
 export QUANTA_DATA_DIR="$QUANTA_STATE/data"
-export QUANTA_CONFIG=/nonexistent/quanta.toml  # no developer config leaks into a measurement
+export QUANTA_CONFIG=""  # no developer config leaks into a measurement
 export QUANTA_MAX_RUNNING="$SLOTS"            # as many running as llama-server has slots
 API_KEY=""
 if "$QUANTA" tenants --help >/dev/null 2>&1; then

@@ -280,7 +280,7 @@ def quanta_server(
     env = {
         "QUANTA_DATABASE_URL": f"sqlite+aiosqlite:///{state}/quanta.db",
         "QUANTA_DATA_DIR": f"{state}/data",
-        "QUANTA_CONFIG": "/nonexistent/quanta.toml",
+        "QUANTA_CONFIG": "",
         "QUANTA_MODEL_PATH": model,
         "QUANTA_PORT": str(port),
         "QUANTA_LOG_LEVEL": "warning",
@@ -872,7 +872,7 @@ def cmd_calibrate(args: argparse.Namespace) -> dict[str, Any]:
     mixed lengths), each predicted by `quanta sim` on that cost model; the server's costs
     both runs measured go into the cost model (``meta["server_cost_ms"]``)."""
     env = {**os.environ, **GPU_ENV, "QUANTA_MODEL_PATH": args.model,
-           "QUANTA_CONFIG": "/nonexistent/quanta.toml"}  # fmt: skip
+           "QUANTA_CONFIG": ""}  # fmt: skip
     model_out = args.out / "cost_model.json"
     started = time.perf_counter()
     subprocess.run(["quanta", "calibrate", "--model", args.model, "--out", str(model_out),

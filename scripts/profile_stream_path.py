@@ -362,7 +362,7 @@ def main() -> None:
     key = db.create_key("profile")
     env = {
         **os.environ,
-        "QUANTA_CONFIG": "/nonexistent/quanta.toml",
+        "QUANTA_CONFIG": "",
         "QUANTA_MAX_RUNNING": str(args.streams),
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
         **db.env(),

@@ -80,7 +80,7 @@ def main() -> int:
         **os.environ,
         "QUANTA_DATABASE_URL": f"sqlite+aiosqlite:///{state}/quanta.db",
         "QUANTA_DATA_DIR": str(state / "data"),
-        "QUANTA_CONFIG": "/nonexistent/quanta.toml",
+        "QUANTA_CONFIG": "",
         "QUANTA_PORT": str(PORT),
         "QUANTA_LOG_LEVEL": "warning",
         "QUANTA_N_SEQ_MAX": "256",

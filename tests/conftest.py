@@ -1,13 +1,20 @@
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 
 # Tests build Settings explicitly; a developer's config/quanta.toml must not leak in.
-os.environ.setdefault("QUANTA_CONFIG", "/nonexistent/quanta.toml")
+os.environ.setdefault("QUANTA_CONFIG", "")  # empty: no file
+# ... and the data directory is a temporary one, never the user's.
+if "QUANTA_DATA_DIR" not in os.environ:
+    os.environ["QUANTA_DATA_DIR"] = tempfile.mkdtemp(prefix="quanta-tests-data-")
+    atexit.register(shutil.rmtree, os.environ["QUANTA_DATA_DIR"], True)
 
 
 @pytest.fixture(scope="session")

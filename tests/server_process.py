@@ -68,16 +68,19 @@ class ServerProcess:
 
 
 def start_server(
-    *flags: str, db: TenancyDb | None = None, env: dict[str, str] | None = None
+    *flags: str,
+    db: TenancyDb | None = None,
+    env: dict[str, str] | None = None,
+    log: Path | None = None,
 ) -> ServerProcess:
     """``quanta run`` on a migrated database of its own with one tenant key (or on ``db``),
-    with ``env`` over this process's environment."""
+    with ``env`` over this process's environment; its output to ``log`` if given."""
     db = db or fresh_db()
     api_key = db.create_key(f"test-{uuid.uuid4().hex[:8]}")
     port = free_port()
     environment = {
         **os.environ,
-        "QUANTA_CONFIG": "/nonexistent/quanta.toml",
+        "QUANTA_CONFIG": "",
         # A server's KV defaults to 1/8 of the RAM; a test's takes at most 1 GiB of it, as
         # the suite runs beside other work (its slots and context are fitted to that).
         "QUANTA_KV_MEMORY_GB": "1",
@@ -86,5 +89,14 @@ def start_server(
         **(env or {}),
     }
     command = [sys.executable, "-m", "app.cli", "run", "--port", str(port), *flags]
-    process = subprocess.Popen(command, cwd=ROOT, env=environment)
+    output = None if log is None else log.open("ab")
+    process = subprocess.Popen(
+        command,
+        cwd=ROOT,
+        env=environment,
+        stdout=output,
+        stderr=subprocess.STDOUT if output else None,
+    )
+    if output is not None:
+        output.close()  # the child has its own copy
     return ServerProcess(process, port, db, api_key)

@@ -56,8 +56,10 @@ def test_sigterm_drains_in_flight_streams_then_exits_cleanly(model_path: Path) -
         server.stop()
 
 
-def test_a_core_that_cannot_start_makes_run_exit_nonzero(model_path: Path) -> None:
-    server = start_server("--policy", "no-such-policy")
+def test_a_core_that_cannot_start_makes_run_exit_nonzero(model_path: Path, tmp_path: Path) -> None:
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"not a model")
+    server = start_server("--model", str(broken))
     assert server.process.wait(60) == 1
 
 
@@ -70,3 +72,8 @@ def test_a_layout_that_cannot_fit_stops_the_start_naming_the_setting(
     err = capfd.readouterr().err
     assert "the engine cannot start: QUANTA_N_CTX=262144 x QUANTA_N_SEQ_MAX=64 needs" in err
     assert "Traceback" not in err
+
+
+def test_a_bad_setting_makes_run_exit_2_before_it_starts(model_path: Path) -> None:
+    server = start_server("--policy", "no-such-policy")
+    assert server.process.wait(60) == 2

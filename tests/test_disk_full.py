@@ -167,7 +167,7 @@ def test_a_file_size_limit_then_none(tmp_path: Path) -> None:
     db = fresh_db(tmp_path)
     key = db.create_key("acme")
     port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "QUANTA_CONFIG": "/nonexistent", **db.env()}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "QUANTA_CONFIG": "", **db.env()}
     server = subprocess.Popen(
         [sys.executable, "-c", FAKE_SERVER, str(port)],
         cwd=ROOT,

@@ -86,7 +86,8 @@ def load(url: str, key: str, stop: threading.Event, n: int) -> None:
 
 def metrics(url: str) -> dict[str, float]:
     text = httpx.get(f"{url}/metrics").text
-    return {k: float(v) for k, v in re.findall(r"^(vllm:[a-z_]+) (\S+)$", text, re.M)}
+    found = re.findall(r"^(vllm:[a-z_]+)(?:\{[^}]*\})? (\S+)$", text, re.M)
+    return {k: float(v) for k, v in found}
 
 
 def page_values(browser: Any) -> dict[str, float]:
@@ -162,12 +163,17 @@ def test_the_page_shows_what_metrics_says_under_load(
             row.find_elements(By.TAG_NAME, "td")[0].text
             for row in browser.find_elements(By.CSS_SELECTOR, "#tenants tbody tr")
         }
-        assert len(tenants) == 2  # alice's and bob's tenant ids, as /metrics labels them
+        assert tenants == {"alice", "bob"}  # by name, as /metrics labels them
         decisions = browser.find_elements(By.CSS_SELECTOR, "#decisions tbody tr")
         assert decisions and "queued behind" in browser.find_element(By.ID, "decisions").text
         assert browser.find_element(By.ID, "step-ms").text.endswith("ms")
         shot = os.environ.get("QUANTA_LIVE_VIEW_SCREENSHOT")
         if shot:
             browser.save_screenshot(shot)
+        # signing out: the form again, and the view's data closed to this browser
+        browser.find_element(By.ID, "logout").click()
+        wait.until(lambda b: b.find_elements(By.ID, "key"))
+        browser.get(f"{proc.url}/admin/ui/state")
+        assert "invalid_admin_key" in browser.page_source
     finally:
         stop.set()

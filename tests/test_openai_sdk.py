@@ -396,6 +396,6 @@ def test_metrics_names(server: ServerProcess) -> None:
         "num_preemptions_total",
     ]:
         assert f"quanta:{name} " in text
-    # labelled by the tenant's id (the server's test tenant)
+    # labelled by the tenant's name (the server's test tenant)
     for name in ("time_to_first_token_seconds", "e2e_request_latency_seconds"):
-        assert re.search(rf'quanta:{name}_count{{class="interactive",tenant="ten_\w+"}}', text)
+        assert re.search(rf'quanta:{name}_count{{class="interactive",tenant="test-\w+"}}', text)

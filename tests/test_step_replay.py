@@ -112,7 +112,7 @@ def test_served_and_replayed_steps_pair_up_by_kind_and_batch() -> None:
 @pytest.fixture
 def small_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``quanta step-replay``'s engine: the default model, a small context, no config file."""
-    monkeypatch.setenv("QUANTA_CONFIG", str(tmp_path / "none.toml"))
+    monkeypatch.setenv("QUANTA_CONFIG", "")
     monkeypatch.setenv("QUANTA_N_CTX", "512")
     monkeypatch.setenv("QUANTA_N_SEQ_MAX", "4")
 

@@ -120,6 +120,15 @@ class AdminService:
         data = [tenant_out(t) for t in rows[:limit]]
         return _page(data, len(rows) > limit)
 
+    async def find_tenant(self, ref: str) -> TenantOut:
+        """A tenant by id, else by name (the CLI's way of naming one)."""
+        t = await self._s.get(Tenant, ref) or await self._s.scalar(
+            select(Tenant).where(Tenant.name == ref)
+        )
+        if t is None:
+            raise NotFound("tenant", ref)
+        return tenant_out(t)
+
     async def get_tenant(self, tenant_id: str) -> TenantOut:
         t = await self._tenant(tenant_id)
         live = self._live(f"tenant {t.id}") if self._live is not None else None

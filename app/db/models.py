@@ -221,3 +221,13 @@ class FleetReplica(Base):
     id: Mapped[str] = mapped_column(String(128), primary_key=True)
     seen_at: Mapped[float] = mapped_column(Float)
     started_at: Mapped[float] = mapped_column(Float)
+class SecretCheck(Base):
+    """HMAC(secret, CHECK_MESSAGE) of the secret the API keys are hashed with: a server or CLI
+    started with another secret (or none) while keys exist stops instead of refusing every key
+    (app/tenancy/keys.py)."""
+
+    __tablename__ = "secret_check"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    check: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[float] = mapped_column(Float)

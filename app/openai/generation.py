@@ -251,6 +251,8 @@ class Generation:
     def _finish(self, result: ChoiceResult) -> Update:
         self._results[result.index] = result
         self._metrics.observe(result, self._ctx.tenant, self._ctx.slo_class.value)
+        if self._ctx.record is not None:
+            self._ctx.record.finished(result)
         choice = self._choices[result.index]
         reason: Finish
         if choice.stopped:

@@ -91,6 +91,8 @@ class CompletionService:
             ctx.gate.bind(generation)
             generation.on_sent = ctx.gate.sent
             generation.allows = ctx.gate.allows
+        if ctx.record is not None:
+            ctx.record.served = generation
         generation.start()
         updates = generation.updates()
         if plan.tools is not None:

@@ -22,12 +22,15 @@ description.
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
+from pathlib import Path
 from typing import Any
 
 import msgspec
-from litestar import Request
-from litestar.openapi.plugins import JsonRenderPlugin
+from litestar import Request, Router
+from litestar.openapi.plugins import JsonRenderPlugin, SwaggerRenderPlugin
+from litestar.static_files import create_static_files_router
 
 from app.admin import schemas as admin_schemas
 from app.openai import schemas as openai_schemas
@@ -89,6 +92,38 @@ _RULES = {
     "KeyUpdate": "At least one field; `expires_at` must be in the future.",
     "TenantUpdate": "At least one field.",
 }
+
+
+# /docs renders offline: Swagger UI's files come from the swagger-ui-py package (located, not
+# imported: its __init__ pulls in its web-framework handlers), served under ASSETS.
+ASSETS = "/docs/assets"
+SWAGGER_UI_PACKAGE = "swagger_ui"
+
+
+def swagger_ui_files() -> Path:
+    spec = importlib.util.find_spec(SWAGGER_UI_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("/docs needs the swagger-ui-py package (pip install swagger-ui-py)")
+    return Path(next(iter(spec.submodule_search_locations))) / "static"
+
+
+def swagger_plugin() -> SwaggerRenderPlugin:
+    """Swagger UI with its script, style and icon from this server, never a CDN."""
+    return SwaggerRenderPlugin(
+        js_url=f"{ASSETS}/swagger-ui-bundle.js",
+        css_url=f"{ASSETS}/swagger-ui.css",
+        standalone_preset_js_url=f"{ASSETS}/swagger-ui-standalone-preset.js",
+        favicon=f"<link rel='icon' type='image/png' href='{ASSETS}/favicon-32x32.png'>",
+    )
+
+
+def docs_assets() -> Router:
+    return create_static_files_router(
+        path=ASSETS,
+        directories=[swagger_ui_files()],
+        include_in_schema=False,
+        name="docs_assets",
+    )
 
 
 class FinishedJsonPlugin(JsonRenderPlugin):

@@ -13,6 +13,7 @@ from typing import Any
 from litestar import Request
 
 from app.server.request_id import request_id_of
+from app.server.request_log import RequestRecord, record_of
 from app.tenancy.gate import RequestGate, tenancy_of
 from app.tenancy.service import Principal
 from quanta_core.requests import SloClass
@@ -26,6 +27,7 @@ class RequestContext:
     weight: float = 1.0
     key_id: str | None = None
     gate: RequestGate | None = None  # None: no quotas (a context made outside a request)
+    record: RequestRecord | None = None  # what the request log says when it ends
 
 
 def request_context(request: Request[Principal, str, Any]) -> RequestContext:
@@ -39,4 +41,5 @@ def request_context(request: Request[Principal, str, Any]) -> RequestContext:
         principal.tenant.weight,
         principal.key.id,
         gate,
+        record_of(request.scope),
     )

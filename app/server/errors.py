@@ -9,6 +9,7 @@ import logging
 import re
 from typing import Any
 
+import msgspec
 from litestar import MediaType, Request, Response
 from litestar.exceptions import HTTPException, ValidationException
 from litestar.status_codes import (
@@ -25,6 +26,7 @@ from app.openai.schemas import ErrorBody, ErrorResponse
 from app.server.request_id import HEADER, shown_request_id
 
 log = logging.getLogger("quanta.errors")
+ERROR_CODE = "quanta_error_code"  # in the scope's state: the code of the error answered
 
 INVALID_REQUEST = "invalid_request_error"
 NOT_FOUND = "not_found_error"
@@ -185,8 +187,17 @@ def validation_error(exc: ValidationException) -> ApiError:
     if extra is None or not isinstance(extra[0], dict):
         return ApiError(str(exc.detail), code="invalid_request")
     first: dict[str, Any] = extra[0]
-    message = str(first.get("message", exc.detail))
-    key = str(first.get("key", "")) or None
+    return _invalid(str(first.get("message", exc.detail)), str(first.get("key", "")) or None)
+
+
+def struct_error(exc: msgspec.ValidationError) -> ApiError:
+    """msgspec's failure to make a request body, as the API says it (``validation_error``):
+    the admin CLI decodes its bodies with this, so its errors are the API's."""
+    message, _, where = str(exc).partition(" - at `$")
+    return _invalid(message, where.strip("`.").split("[")[0] or None)
+
+
+def _invalid(message: str, key: str | None) -> ApiError:
     field = None
     if unknown := _UNKNOWN_FIELD.search(message):
         field = unknown.group(1)
@@ -206,6 +217,8 @@ def validation_error(exc: ValidationException) -> ApiError:
 def to_response(error: ApiError, request: Request[Any, Any, Any]) -> Response[ErrorResponse]:
     # Also here: a path no route matches never passes through the request-id middleware.
     headers = {**error.headers, HEADER: shown_request_id(request.scope)}
+    state: dict[str, Any] = request.scope.setdefault("state", {})  # type: ignore[assignment]
+    state[ERROR_CODE] = error.code or str(error.status_code)  # the request log's reason
     return Response(
         error.body(), status_code=error.status_code, headers=headers, media_type=MediaType.JSON
     )

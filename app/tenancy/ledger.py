@@ -166,10 +166,16 @@ class LedgerWriter:
                 return
             try:
                 await self.flush()
-            except Exception:
+            except Exception as exc:
                 if self.failing_since is None:
                     self.failing_since = self._clock()
-                    log.exception("ledger flush failed; keeping the rows, retrying")
+                    # One line per outage (a database away is no bug: no traceback).
+                    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+                    log.warning(
+                        "ledger flush failed (%s: %s); keeping the rows, retrying",
+                        type(exc).__name__,
+                        first,
+                    )
             else:
                 if self.failing_since is not None:
                     log.warning(

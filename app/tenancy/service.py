@@ -13,6 +13,8 @@ the counters from the ledger, starts the ledger writer; stopping flushes the led
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import math
 import os
@@ -29,14 +31,20 @@ from sqlalchemy.engine import make_url
 
 from app.db.engine import make_engine, make_sessionmaker
 from app.db.migrate import check_at_head
-from app.db.models import AdminCredential, DailyUsage, UsageRecord
+from app.db.models import AdminCredential, ApiKey, AuditEntry, DailyUsage, UsageRecord
 from app.server.errors import DatabaseUnavailable, InvalidApiKey, RateLimited, TenantSuspended
 from app.server.settings import Settings
 from app.tenancy.auth_guard import AuthGuard, retry_after_s
 from app.tenancy.directory import Directory, KeyView, TenantView
 from app.tenancy.fleet import Fleet, FleetConfig
 from app.tenancy.journal import Journal
-from app.tenancy.keys import KeyHasher, load_secret, same_digest, sha256_hex
+from app.tenancy.keys import (
+    KeyHasher,
+    prepare_data_dir,
+    resolve_secret,
+    same_digest,
+    sha256_hex,
+)
 from app.tenancy.ledger import PARTIAL, LedgerWriter, UsageRow, close_interrupted, utc_day
 from app.tenancy.limiter import MINUTE, Charge, Limiter, Remaining, Scope
 from app.tenancy.limits import UNLIMITED, Ask, Denial, duration
@@ -47,6 +55,7 @@ log = logging.getLogger("quanta.tenancy")
 JOURNAL_DIR = "ledger-journal"  # in data_dir: the ledger's write-ahead file
 NEGATIVE_TTL_S = 5.0  # an unknown key is looked up in the DB at most this often
 NEGATIVE_MAX = 10_000
+CHANGES_EVERY_S = 1.0  # how soon another process's admin change (the CLI's) is in force
 # Statuses whose row does not count a request against RPM (a partial row's request is
 # counted by its final row).
 NOT_COUNTED = ("rejected", PARTIAL)
@@ -157,7 +166,9 @@ class Tenancy:
         self.clock = clock
         self.engine = make_engine(settings.database_url)
         self.sessions = make_sessionmaker(self.engine)
-        self.hasher = KeyHasher(load_secret(settings))
+        self._hasher: KeyHasher | None = None  # the secret is checked against the database
+        self._seen_change = 0  # the newest audit entry applied to the directory
+        self._following: asyncio.Task[None] | None = None
         self.directory = Directory()
         self.limiter = Limiter()
         journal = Journal(Path(settings.data_dir) / JOURNAL_DIR)
@@ -180,6 +191,12 @@ class Tenancy:
                 settings.database_url, self._reload_tenant, self._reload_directory
             )
 
+    @property
+    def hasher(self) -> KeyHasher:
+        if self._hasher is None:
+            raise RuntimeError("the tenancy is not started")
+        return self._hasher
+
     @asynccontextmanager
     async def lifespan(self, _: Any) -> AsyncIterator[None]:
         await self.start()
@@ -190,7 +207,9 @@ class Tenancy:
 
     async def start(self) -> None:
         await check_at_head(self.settings.database_url)
+        prepare_data_dir(self.settings.data_dir)
         async with self.sessions() as session:
+            self._hasher = KeyHasher(await resolve_secret(self.settings, session))
             await self.directory.load_all(session)
             if self.settings.admin_key is not None:
                 self.admin_hash = sha256_hex(self.settings.admin_key.get_secret_value())
@@ -198,6 +217,9 @@ class Tenancy:
                 self.admin_hash = await session.scalar(
                     select(AdminCredential.hashed).order_by(AdminCredential.id.desc()).limit(1)
                 )
+        async with self.sessions() as session:
+            self._seen_change = await session.scalar(select(func.max(AuditEntry.id))) or 0
+        self._following = asyncio.create_task(self._follow_changes())
         recovered = await self.ledger.recover()
         if recovered:
             log.warning("%d usage rows recovered from the ledger's journal", recovered)
@@ -212,6 +234,10 @@ class Tenancy:
             self.listener.start()
 
     async def stop(self) -> None:
+        if self._following is not None:
+            self._following.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._following
         if self.listener is not None:
             await self.listener.stop()
         if self.fleet is not None:
@@ -226,6 +252,45 @@ class Tenancy:
     async def _reload_directory(self) -> None:
         async with self.sessions() as session:
             await self.directory.load_all(session)
+
+    async def _follow_changes(self) -> None:
+        """Admin changes made by another process (``quanta keys revoke`` …) reach this one
+        within ``CHANGES_EVERY_S``: every change writes an audit entry, and the tenants that
+        newer entries touched are reloaded."""
+        failing = False
+        while True:
+            await asyncio.sleep(CHANGES_EVERY_S)
+            try:
+                await self.apply_changes()
+            except Exception as exc:
+                if not failing:  # one line per outage
+                    log.warning("admin changes not followed (%s); retrying", type(exc).__name__)
+                failing = True
+            else:
+                failing = False
+
+    async def apply_changes(self) -> None:
+        async with self.sessions() as session:
+            rows = (
+                await session.execute(
+                    select(AuditEntry.id, AuditEntry.target_type, AuditEntry.target_id)
+                    .where(AuditEntry.id > self._seen_change)
+                    .order_by(AuditEntry.id)
+                )
+            ).all()
+            if not rows:
+                return
+            tenants = set()
+            for _, target_type, target_id in rows:
+                if target_type == "tenant":
+                    tenants.add(target_id)
+                    continue
+                owner = await session.scalar(select(ApiKey.tenant_id).where(ApiKey.id == target_id))
+                known = self.directory.keys.get(target_id)
+                tenants.update(t for t in (owner, known.tenant_id if known else None) if t)
+            for tenant_id in tenants:
+                await self.directory.reload_tenant(session, tenant_id)
+            self._seen_change = rows[-1][0]
 
     async def rebuild_counters(self) -> None:
         """Set (never add to) the counters from the ledger: its last minute and today."""

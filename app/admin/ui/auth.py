@@ -55,3 +55,10 @@ def sign_in(connection: ASGIConnection[Any, Any, Any, Any], key: str) -> Cookie:
     token = _token(tenancy)
     assert token is not None  # check_admin passed: there is an admin key
     return Cookie(key=COOKIE, value=token, path=PATH, httponly=True, samesite="strict")
+
+
+def signed_out() -> Cookie:
+    """The view's cookie, expired: the browser drops it."""
+    return Cookie(
+        key=COOKIE, value="", path=PATH, httponly=True, samesite="strict", max_age=0, expires=0
+    )

@@ -14,10 +14,11 @@ from litestar.response import Redirect, Template
 from litestar.static_files import create_static_files_router
 from litestar.types import ControllerRouterHandler
 
-from app.admin.ui.auth import PATH, require_live_view, sign_in, signed_in
+from app.admin.ui.auth import PATH, require_live_view, sign_in, signed_in, signed_out
 from app.admin.ui.view import LiveState, live_state
 from app.server.errors import InvalidApiKey, NotReady
 from app.server.state import ServerState
+from app.tenancy.gate import tenancy_of
 
 HERE = Path(__file__).parent
 TEMPLATES = HERE / "templates"
@@ -54,9 +55,22 @@ class LiveViewController(Controller):
             )
         return Redirect(PATH, status_code=303, cookies=[cookie])
 
+    @post("/logout", status_code=303)
+    async def logout(self) -> Redirect:
+        """Forget the view's cookie: the sign-in form again."""
+        return Redirect(PATH, status_code=303, cookies=[signed_out()])
+
     @get("/state", guards=[require_live_view], summary="The live view's data")
-    async def state(self, server: NamedDependency[ServerState]) -> LiveState:
-        live = live_state(server.ready_core())
+    async def state(
+        self, request: Request[Any, Any, Any], server: NamedDependency[ServerState]
+    ) -> LiveState:
+        tenants = tenancy_of(request).directory.tenants
+
+        def name(tenant_id: str) -> str:
+            tenant = tenants.get(tenant_id)
+            return tenant.name if tenant is not None else tenant_id
+
+        live = live_state(server.ready_core(), name)
         if live is None:
             raise NotReady("this core gives no snapshot")
         return live

@@ -8,6 +8,8 @@ very values ``/metrics`` exports (``quanta:*`` and ``vllm:*``) at that moment.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import replace
 
 import msgspec
 
@@ -50,14 +52,15 @@ class LiveState(msgspec.Struct):
     rates: StepRates
 
 
-def live_state(core: Core) -> LiveState | None:
-    """``None`` when the core cannot tell (no snapshot)."""
+def live_state(core: Core, names: Callable[[str], str] = str) -> LiveState | None:
+    """``None`` when the core cannot tell (no snapshot). Tenants are shown by name
+    (``names``: a tenant's id to its name); the core knows them by id."""
     if core.snapshot is None:
         return None
     stats, snap = core.stats(), core.snapshot()
     queues: defaultdict[tuple[str, str], int] = defaultdict(int)
     for r in snap.waiting:
-        queues[(r.slo_class, r.tenant)] += 1
+        queues[(r.slo_class, names(r.tenant))] += 1
     totals: defaultdict[str, float] = defaultdict(float)
     for t in snap.tenants:
         totals[t.slo_class] += t.counter
@@ -73,12 +76,12 @@ def live_state(core: Core) -> LiveState | None:
         prefix_cache_queries=stats.prefix_cache_queries,
         block_size=snap.block_size,
         blocks=snap.blocks,
-        running_set=list(snap.running),
+        running_set=[replace(r, tenant=names(r.tenant)) for r in snap.running],
         queues=[QueueRow(c, t, n) for (c, t), n in sorted(queues.items())],
-        waiting_set=list(snap.waiting),
+        waiting_set=[replace(r, tenant=names(r.tenant)) for r in snap.waiting],
         tenants=[
             TenantRow(
-                t.tenant,
+                names(t.tenant),
                 t.slo_class,
                 t.counter,
                 t.counter / totals[t.slo_class] if totals[t.slo_class] else 0.0,
@@ -87,6 +90,6 @@ def live_state(core: Core) -> LiveState | None:
             )
             for t in snap.tenants
         ],
-        decisions=list(reversed(snap.decisions)),
+        decisions=[replace(d, tenant=names(d.tenant)) for d in reversed(snap.decisions)],
         rates=snap.rates,
     )

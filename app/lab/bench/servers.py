@@ -2,7 +2,7 @@
 
 The same steps as ``scripts/lib_server.sh`` and ``scripts/bench_fairness.sh``, in Python so
 that ``quanta bench scenarios`` is one command: a fresh database and data directory, no
-developer config (``QUANTA_CONFIG`` points nowhere), the server started in the background
+developer config (``QUANTA_CONFIG`` is empty), the server started in the background
 and waited for, the workload's tenants created through the admin API (name, weight, one key
 of the tenant's class), and everything removed afterwards.
 
@@ -134,7 +134,7 @@ class RealServers:
             **os.environ,
             "QUANTA_DATABASE_URL": f"sqlite+aiosqlite:///{state}/quanta.db",
             "QUANTA_DATA_DIR": str(state / "data"),
-            "QUANTA_CONFIG": "/nonexistent/quanta.toml",
+            "QUANTA_CONFIG": "",
             "QUANTA_ADMIN_KEY": admin,
         }
         port = self.port or free_port()

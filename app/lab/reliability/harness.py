@@ -85,7 +85,7 @@ class Server:
     def env(self) -> dict[str, str]:
         return {
             **os.environ,
-            "QUANTA_CONFIG": "/nonexistent/quanta.toml",
+            "QUANTA_CONFIG": "",
             "QUANTA_DATABASE_URL": f"sqlite+aiosqlite:///{self.db_path}",
             "QUANTA_DATA_DIR": str(self.root / "data"),
             "QUANTA_ADMIN_KEY": ADMIN_KEY,
