@@ -59,7 +59,7 @@ class SchedulerConfig:
     prefill_tokens_per_s: float = 220.0
     # What decides copying a prefix between KV streams (a stream per sequence) or computing
     # it: a copy moves the whole stream, at this rate (bench/results/kv-layout).
-    stream_copy_bytes_per_s: float = 4.6e9
+    stream_copy_bytes_per_s: float = 5.4e9
     # A request that was on the engine this many times when it died is failed, not retried.
     max_engine_deaths_per_request: int = 2
     # Run KvManager.check_integrity() after every cycle (tests; O(blocks) per cycle).
