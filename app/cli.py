@@ -18,8 +18,8 @@ def build_cli() -> typer.Typer:
     """Every command. Their modules are imported here, not at the top: ``quanta sim`` (see
     ``main``) needs none of the others' (the tenancy commands alone pull in the database
     stack, a large share of a simulation's start-up)."""
-    from app.fleet.command import fleet
     from app.admin.cli import audit, keys_cli, quotas_cli, tenants_cli, usage
+    from app.fleet.command import fleet
     from app.lab.bench.cli import bench_cli
     from app.lab.calibrate.command import calibrate
     from app.lab.sim import sim

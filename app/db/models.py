@@ -221,6 +221,8 @@ class FleetReplica(Base):
     id: Mapped[str] = mapped_column(String(128), primary_key=True)
     seen_at: Mapped[float] = mapped_column(Float)
     started_at: Mapped[float] = mapped_column(Float)
+
+
 class SecretCheck(Base):
     """HMAC(secret, CHECK_MESSAGE) of the secret the API keys are hashed with: a server or CLI
     started with another secret (or none) while keys exist stops instead of refusing every key

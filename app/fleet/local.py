@@ -31,7 +31,7 @@ from app.db.migrate import upgrade
 from app.fleet.envoy import write_envoy_config
 from app.fleet.postgres import LocalPostgres
 from app.server.settings import Settings
-from app.tenancy.keys import SECRET_FILE, load_secret
+from app.tenancy.keys import SECRET_FILE, read_secret, write_secret
 
 
 @dataclass
@@ -88,7 +88,8 @@ class LocalFleet:
 
         settings = Settings(database_url=self.db_url, data_dir=self.folder)
         admin_key = asyncio.run(ensure_admin_key(settings))
-        load_secret(settings)  # made once in the folder, copied to every replica
+        if read_secret(settings) is None:  # made once in the folder, copied to every replica
+            write_secret(settings)
         for i in range(self.replicas):
             replica = Replica(i, self.port + 1 + i, self.folder / f"replica{i}")
             replica.data_dir.mkdir(parents=True, exist_ok=True)

@@ -50,7 +50,6 @@ def create_app(
     settings = settings or Settings()
     state = ServerState()
     tenancy = Tenancy(settings)
-    completions = CompletionService(state, metrics)
 
     def tenant_name(tenant_id: str) -> str:
         tenant = tenancy.directory.tenants.get(tenant_id)
@@ -60,6 +59,7 @@ def create_app(
         return state.core.model_name if state.core is not None else ""
 
     metrics = Metrics(state.stats, tenant_name, model_name)
+    completions = CompletionService(state, metrics)
     lifecycle = Lifecycle(state, settings, core_factory or build_real_core)
 
     def provide(value: Any) -> Provide:

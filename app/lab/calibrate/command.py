@@ -111,7 +111,7 @@ def measurement_meta(
         "n_ctx": info.n_ctx,
         "n_seq_max": info.n_seq_max,
         "n_batch": info.n_batch,
-        "n_ubatch": min(settings.n_ubatch, info.n_batch),
+        "n_ubatch": min(settings.layout.n_ubatch, info.n_batch),
         "kv_unified": info.kv_unified,
         "kv_bytes_per_token": info.kv_bytes_per_token,
         # What a simulated engine needs to stand in for this one (quanta_core.sim.run reads it).
@@ -183,7 +183,7 @@ def measure(
             spec, info.n_ctx, info.n_seq_max, info.n_batch, config.token_budget, stream_cells
         )
         visits = visit_order(grid, runs)
-        runner = GridRunner(ex, probe_every=spec.probe_every, n_ubatch=settings.n_ubatch)
+        runner = GridRunner(ex, probe_every=spec.probe_every, n_ubatch=settings.layout.n_ubatch)
         serving = ServedRunner(ex, config, QUICK_SERVED if quick else FULL_SERVED, runner.t0)
         if served:
             runner.interlude = serving.segment
