@@ -681,8 +681,14 @@ def long_workload(path: Path, n: int, prompt: int, output: int, key: str) -> Pat
 
 
 def long_row(results: Path) -> dict[str, Any]:
+    """A point's figures; where no stream completed (all refused), its summary alone."""
     data = json.loads(results.read_text())["summary"]["overall"]
-    return {**decode_window(results), "ttft_p50_ms": data["ttft"]["p50_ms"],
+    try:
+        window = decode_window(results)
+    except ValueError:
+        window = {"output_tokens_per_s": data["output_tokens_per_s"],
+                  "completed": data["completed"], "rejected": data["rejected"]}  # fmt: skip
+    return {**window, "ttft_p50_ms": data["ttft"]["p50_ms"],
             "ttft_mean_ms": data["ttft"].get("mean_ms")}  # fmt: skip
 
 
@@ -709,19 +715,27 @@ def cmd_long(args: argparse.Namespace) -> dict[str, Any]:
     log_to = state / "client.log"
     points = LONG_POINTS_SMALL if SMALL else LONG_POINTS
     out: dict[str, Any] = {"points": []}
-    server, key = quanta_server(args.model, settings={})
-    server.start()  # it prints the engine layout it chose (pipeline.log)
     rows: dict[tuple[int, int, int], dict[str, Any]] = {}
-    try:
-        for prompt, output, n in points:
-            wl = long_workload(args.out / "long.toml", n, prompt, output, key)
-            res = state / f"long-quanta-{n}x{prompt}.json"
-            common = ["--url", f"http://127.0.0.1:{PORT}", "--workload", str(wl), "--out",
-                      str(res)]  # fmt: skip
-            measure(server, f"long {n}x{prompt} quanta", common, log_to)
-            rows[(prompt, output, n)] = {"quanta": long_row(res)}
-    finally:
-        server.stop()
+    # Nothing set but the model, except where a request is longer than the model's trained
+    # context (what the defaults give a slot): there QUANTA_N_CTX holds it, as a user sets it.
+    groups: dict[int, list[tuple[int, int, int]]] = {}
+    for point in points:
+        need = point[0] + point[1]
+        groups.setdefault(0 if need <= 8192 else -(-need // 1024) * 1024, []).append(point)
+    for n_ctx, group in groups.items():
+        settings = {"QUANTA_N_CTX": str(n_ctx)} if n_ctx else {}
+        server, key = quanta_server(args.model, settings=settings)
+        server.start()  # it prints the engine layout it chose (pipeline.log)
+        try:
+            for prompt, output, n in group:
+                wl = long_workload(args.out / "long.toml", n, prompt, output, key)
+                res = state / f"long-quanta-{n}x{prompt}.json"
+                common = ["--url", f"http://127.0.0.1:{PORT}", "--workload", str(wl), "--out",
+                          str(res)]  # fmt: skip
+                measure(server, f"long {n}x{prompt} quanta", common, log_to)
+                rows[(prompt, output, n)] = {"quanta": long_row(res), "quanta_settings": settings}
+        finally:
+            server.stop()
     for prompt, output, n in points:
         slot = prompt + output + 64
         argv = [args.llama_server, "-m", args.model, "-c", str(n * slot), "-np", str(n),
@@ -735,11 +749,14 @@ def cmd_long(args: argparse.Namespace) -> dict[str, Any]:
             common = ["--url", f"http://127.0.0.1:{PORT}", "--workload", str(wl), "--out",
                       str(res)]  # fmt: skip
             measure(peer, f"long {n}x{prompt} llama-server -np {n}", common, log_to)
-            row = rows[(prompt, output, n)]
+            row = rows.setdefault((prompt, output, n), {})
             row["llama_server"] = long_row(res)
         finally:
             peer.stop()
-        q, p = row["quanta"], row["llama_server"]
+        q, p = row.get("quanta"), row["llama_server"]
+        if q is None or not p["output_tokens_per_s"] or not p["ttft_p50_ms"]:
+            out["points"].append({"prompt": prompt, "output": output, "streams": n, **row})
+            continue
         point = {"prompt": prompt, "output": output, "streams": n, **row,
                  "tokens_per_s_ratio": q["output_tokens_per_s"] / p["output_tokens_per_s"],
                  "ttft_p50_ratio": q["ttft_p50_ms"] / p["ttft_p50_ms"]}  # fmt: skip

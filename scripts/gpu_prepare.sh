@@ -78,7 +78,8 @@ for tag in manylinux_2_28 manylinux_2_27 manylinux_2_17 manylinux2014 manylinux1
 done
 MISSING="aiosqlite alembic annotated-types asyncpg diskcache faker greenlet httptools litestar
 litestar-htmx mako msgspec multipart polyfactory pydantic pydantic-core pydantic-settings
-python-dotenv rich-click sniffio sqlalchemy typing-inspection tzdata uvicorn"
+python-dotenv rich-click sniffio sqlalchemy typing-inspection tzdata uvicorn platformdirs
+swagger-ui-py"
 PINS=()
 for name in $MISSING; do
     PINS+=("$name==$("$PYTHON" -c "from importlib.metadata import version; print(version('$name'))")")
