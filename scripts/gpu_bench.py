@@ -757,12 +757,12 @@ def cmd_long(args: argparse.Namespace) -> dict[str, Any]:
         if q is None or not p["output_tokens_per_s"] or not p["ttft_p50_ms"]:
             out["points"].append({"prompt": prompt, "output": output, "streams": n, **row})
             continue
-        point = {"prompt": prompt, "output": output, "streams": n, **row,
+        entry = {"prompt": prompt, "output": output, "streams": n, **row,
                  "tokens_per_s_ratio": q["output_tokens_per_s"] / p["output_tokens_per_s"],
                  "ttft_p50_ratio": q["ttft_p50_ms"] / p["ttft_p50_ms"]}  # fmt: skip
-        out["points"].append(point)
-        log(f"{n} x {prompt}: tokens/s {point['tokens_per_s_ratio']:.2f}x llama-server, "
-            f"first token p50 {point['ttft_p50_ratio']:.2f}x")  # fmt: skip
+        out["points"].append(entry)
+        log(f"{n} x {prompt}: tokens/s {entry['tokens_per_s_ratio']:.2f}x llama-server, "
+            f"first token p50 {entry['ttft_p50_ratio']:.2f}x")  # fmt: skip
         PARTIAL_FILE.write_text(json.dumps(out, indent=1))
     bench = Path(args.llama_server).with_name("llama-batched-bench")
     if bench.exists() and not SMALL:
