@@ -15,8 +15,8 @@ from tests.server_process import free_port
 
 # (environment, the one line said about it)
 BAD_ENVIRONMENTS = [
-    ({"QUANTA_N_CTX": "abc"}, "QUANTA_N_CTX=abc: expected an integer >= 64"),
-    ({"QUANTA_N_CTX": "10"}, "QUANTA_N_CTX=10: expected an integer >= 64"),
+    ({"QUANTA_N_CTX": "abc"}, "QUANTA_N_CTX=abc: expected an integer >= 64 (or unset)"),
+    ({"QUANTA_N_CTX": "10"}, "QUANTA_N_CTX=10: expected an integer >= 64 (or unset)"),
     ({"QUANTA_PORT": "99999"}, "QUANTA_PORT=99999: expected an integer >= 0 and <= 65535"),
     ({"QUANTA_TOKEN_BUDGET": "0"}, "QUANTA_TOKEN_BUDGET=0: expected an integer >= 1 (or unset)"),
     ({"QUANTA_GRACE_S": "-1"}, "QUANTA_GRACE_S=-1: expected a number >= 0"),
@@ -30,7 +30,10 @@ BAD_ENVIRONMENTS = [
         "QUANTA_LOG_LEVEL=loud: expected one of debug, info, warning, error, critical",
     ),
     ({"QUANTA_LOG_FORMAT": "xml"}, "QUANTA_LOG_FORMAT=xml: expected one of text, json"),
-    ({"QUANTA_FLASH_ATTN": "maybe"}, "QUANTA_FLASH_ATTN=maybe: expected one of auto, on, off"),
+    (
+        {"QUANTA_FLASH_ATTN": "maybe"},
+        "QUANTA_FLASH_ATTN=maybe: expected one of auto, on, off (or unset)",
+    ),
     ({"QUANTA_PREFIX_CACHE": "perhaps"}, "QUANTA_PREFIX_CACHE=perhaps: expected true or false"),
     (
         {"QUANTA_OVERLAP_STEPS": "x"},
@@ -79,8 +82,8 @@ def test_every_mistake_is_said_at_once_with_flags_by_their_option(
         )
     assert sorted(caught.value.lines) == [
         "--model=/x.gguf: model file not found: /x.gguf",
-        "--n-ctx=3: expected an integer >= 64",
-        "QUANTA_N_SEQ_MAX=0: expected an integer >= 1 and <= 256",
+        "--n-ctx=3: expected an integer >= 64 (or unset)",
+        "QUANTA_N_SEQ_MAX=0: expected an integer >= 1 and <= 256 (or unset)",
     ]
 
 
@@ -90,7 +93,7 @@ def test_a_toml_file_is_named_with_its_key(clean_env: pytest.MonkeyPatch, tmp_pa
     clean_env.setenv("QUANTA_CONFIG", str(config))
     with pytest.raises(ConfigError) as caught:
         load_settings()
-    assert caught.value.lines == [f"{config}: n_ctx = big: expected an integer >= 64"]
+    assert caught.value.lines == [f"{config}: n_ctx = big: expected an integer >= 64 (or unset)"]
 
 
 def test_bad_toml_is_one_line_with_the_file_name(
@@ -133,7 +136,7 @@ def test_quanta_run_says_it_in_one_line_and_starts_nothing(tmp_path: Path) -> No
     assert r.exit_code == 2
     assert r.output.splitlines() == [
         "warning: QUANTA_N_CXT is not a setting (ignored); did you mean QUANTA_N_CTX?",
-        "invalid configuration: --n-ctx=5: expected an integer >= 64",
+        "invalid configuration: --n-ctx=5: expected an integer >= 64 (or unset)",
         "invalid configuration: QUANTA_POLICY=fastest: unknown policy; one of sequential, "
         "static, fcfs, vtc, slo, horizon, quanta",
     ]
