@@ -33,8 +33,9 @@ def test_twenty_at_once_on_a_slower_machine_nobody_waits_for_a_free_slot(slower:
 def test_a_coding_stream_at_three_quarters_of_capacity_is_served_whole() -> None:
     # 24 prompts of 36-2,236 tokens (median ~480), answers 6-94, Poisson at 0.17/s: the
     # engine (this CPU's stream-layout cost model) busy about three quarters of the time.
-    # Long prompts come in clumps that project past their targets for a while; below capacity they are queued, and a short prompt is
-    # prefilled ahead of a long one, so nobody is refused.
+    # Long prompts come in clumps that project past their targets for a while; below
+    # capacity they are queued, and a short prompt is prefilled ahead of a long one, so
+    # nobody is refused.
     model = CostModel.load(default_cost_model_path())
     settings = Settings(n_ctx=4096, n_seq_max=16, kv_unified=False)
     config, info = sim_setup(settings, model)
