@@ -730,8 +730,8 @@ def cmd_long(args: argparse.Namespace) -> dict[str, Any]:
             for prompt, output, n in group:
                 wl = long_workload(args.out / "long.toml", n, prompt, output, key)
                 res = state / f"long-quanta-{n}x{prompt}.json"
-                common = ["--url", f"http://127.0.0.1:{PORT}", "--workload", str(wl), "--out",
-                          str(res)]  # fmt: skip
+                common = ["--url", f"http://127.0.0.1:{PORT}", "--api-key", key, "--workload",
+                          str(wl), "--out", str(res)]  # fmt: skip
                 measure(server, f"long {n}x{prompt} quanta", common, log_to)
                 rows[(prompt, output, n)] = {"quanta": long_row(res), "quanta_settings": settings}
         finally:
@@ -746,10 +746,15 @@ def cmd_long(args: argparse.Namespace) -> dict[str, Any]:
         try:
             wl = long_workload(args.out / "long.toml", n, prompt, output, "none")
             res = state / f"long-llama-server-{n}x{prompt}.json"
-            common = ["--url", f"http://127.0.0.1:{PORT}", "--workload", str(wl), "--out",
-                      str(res)]  # fmt: skip
-            measure(peer, f"long {n}x{prompt} llama-server -np {n}", common, log_to)
+            common = ["--url", f"http://127.0.0.1:{PORT}", "--api-key", "none", "--workload",
+                      str(wl), "--out", str(res)]  # fmt: skip
             row = rows.setdefault((prompt, output, n), {})
+            try:
+                measure(peer, f"long {n}x{prompt} llama-server -np {n}", common, log_to)
+            except RuntimeError as exc:  # e.g. a prompt past the model's trained context
+                row["llama_server_error"] = str(exc)
+                out["points"].append({"prompt": prompt, "output": output, "streams": n, **row})
+                continue
             row["llama_server"] = long_row(res)
         finally:
             peer.stop()

@@ -15,7 +15,7 @@ from tests.scheduler_harness import Harness, prompt
 
 
 def test_settings_default_to_the_core_defaults_and_pass_through() -> None:
-    assert scheduler_config(Settings()).slo == SloConfig()
+    assert scheduler_config(Settings(n_ctx=256)).slo == SloConfig()  # short: bounds as the core's
     config = scheduler_config(
         Settings(
             policy="slo",
@@ -54,18 +54,27 @@ def test_counters_and_queues_are_exposed_per_tenant_and_class() -> None:
 
 
 def test_unset_queue_bounds_scale_with_the_running_slots() -> None:
-    cpu = scheduler_config(Settings(_env_file=None)).slo  # type: ignore[call-arg]
-    gpu = scheduler_config(Settings(_env_file=None, n_seq_max=256)).slo  # type: ignore[call-arg]
+    short = {"n_ctx": 256}  # short requests: the token bounds are not the KV's cells
+    cpu = scheduler_config(Settings(_env_file=None, **short)).slo  # type: ignore[call-arg]
+    gpu = scheduler_config(Settings(_env_file=None, n_seq_max=256, **short)).slo  # type: ignore[call-arg]
     assert gpu.interactive_queue == QueueBound(
         4 * cpu.interactive_queue.max_requests, 4 * cpu.interactive_queue.max_tokens
     )
     assert gpu.batch_queue.max_requests == 4 * cpu.batch_queue.max_requests
     assert gpu.total_queue.max_tokens == 4 * cpu.total_queue.max_tokens
     capped = scheduler_config(
-        Settings(_env_file=None, n_seq_max=256, max_running=128, queue_requests=300)  # type: ignore[call-arg]
+        Settings(_env_file=None, n_seq_max=256, max_running=128, queue_requests=300, **short)  # type: ignore[call-arg]
     ).slo
     assert capped.interactive_queue.max_requests == 2 * cpu.interactive_queue.max_requests
     assert capped.total_queue == QueueBound(300, 2 * cpu.total_queue.max_tokens)  # as set
+
+
+def test_unset_queue_token_bounds_hold_a_running_set_of_the_longest_requests() -> None:
+    # 16 slots of 8,192 tokens: 16 requests of 8,000 tokens at once must be able to wait for
+    # their first step, not be refused by a token bound sized for short prompts.
+    slo = scheduler_config(Settings(_env_file=None, n_ctx=8192, n_seq_max=16)).slo  # type: ignore[call-arg]
+    for bound in (slo.interactive_queue, slo.batch_queue, slo.total_queue):
+        assert bound.max_tokens >= 16 * 8192
 
 
 @pytest.mark.parametrize(("n_seq_max", "admitted"), [(64, 64), (256, 256)])

@@ -453,13 +453,17 @@ class Settings(BaseSettings):
 
     def queue_bounds(self) -> tuple[QueueBound, QueueBound, QueueBound]:
         """The interactive, batch and total queue bounds: each one set, or the core's default
-        times the running slots over QUEUE_SLOTS (never below the default)."""
+        times the running slots over QUEUE_SLOTS (never below the default); in tokens, never
+        below the engine's KV cells (a running set of the longest requests): a token bound
+        sized for short prompts would refuse a burst of long ones the engine serves at once,
+        and how long a queued prompt waits is admission's first-token estimate to judge."""
         scale = max(1.0, min(self.max_running, self.layout.n_seq_max) / QUEUE_SLOTS)
+        cells = self.layout.n_ctx
 
         def bound(default: QueueBound, requests: int | None, tokens: int | None) -> QueueBound:
             return QueueBound(
                 requests if requests is not None else round(default.max_requests * scale),
-                tokens if tokens is not None else round(default.max_tokens * scale),
+                tokens if tokens is not None else max(round(default.max_tokens * scale), cells),
             )
 
         return (

@@ -72,6 +72,10 @@ _SERVED = frozenset({FinishReason.STOP, FinishReason.LENGTH})
 _RUNNING = ChoiceStatus.RUNNING
 
 
+def _seq_of(s: SeqSlice) -> int:
+    return s.seq
+
+
 @dataclass(frozen=True, slots=True)
 class SchedulerStats:
     num_running: int
@@ -320,6 +324,10 @@ class Scheduler:
             budget = self._start_waiting(budget, limits.max_running, slices, now)
         for r in deferred:
             budget = self._run_deferred(r, budget, slices, now)
+        if not self.info.kv_unified:
+            # llama.cpp runs a stream-per-sequence batch in passes over runs of consecutive
+            # sequence ids, in batch order: ids in increasing order make the fewest passes.
+            slices.sort(key=_seq_of)
         plan = StepPlan(tuple(kv.drain_ops()), tuple(slices), tuple(self._release))
         self._release.clear()
         return plan
