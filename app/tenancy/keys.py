@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db.models import ApiKey, SecretCheck
@@ -127,7 +128,17 @@ async def resolve_secret(settings: Settings, session: AsyncSession) -> bytes:
         session.add(SecretCheck(id=1, check=check, created_at=time.time()))
     else:
         row.check, row.created_at = check, time.time()
-    await session.commit()
+    try:
+        await session.commit()
+    except IntegrityError:
+        # Another replica of a fleet recorded its check first: theirs must be this secret.
+        await session.rollback()
+        row = await session.scalar(select(SecretCheck).limit(1))
+        if row is None or not same_digest(row.check, check):
+            raise SecretError(
+                f"another server on this database started with another secret than {where}: "
+                "give every replica the same QUANTA_SECRET_KEY (or secret_key file)"
+            ) from None
     return secret
 
 
