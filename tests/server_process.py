@@ -9,6 +9,8 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -100,3 +102,16 @@ def start_server(
     if output is not None:
         output.close()  # the child has its own copy
     return ServerProcess(process, port, db, api_key)
+
+
+@contextmanager
+def running_server(
+    *flags: str, db: TenancyDb | None = None, env: dict[str, str] | None = None
+) -> Iterator[ServerProcess]:
+    """``start_server``, ready, for the ``with`` block; it must stop cleanly after it."""
+    proc = start_server(*flags, db=db, env=env)
+    try:
+        proc.wait_ready()
+        yield proc
+    finally:
+        assert proc.stop() == 0  # a clean stop

@@ -30,7 +30,7 @@ from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
 from openai import AsyncOpenAI
 
-from tests.server_process import ServerProcess, start_server
+from tests.server_process import ServerProcess, running_server
 
 pytestmark = pytest.mark.model
 
@@ -39,12 +39,8 @@ QUESTION = "What is the weather in Paris, and what is 2 + 3?"
 
 @pytest.fixture(scope="module")
 def server(model_path: Path) -> Iterator[ServerProcess]:
-    proc = start_server("--n-ctx", "4096", "--threads", "2", "--grace", "5")
-    try:
-        proc.wait_ready()
+    with running_server("--n-ctx", "4096", "--threads", "2", "--grace", "5") as proc:
         yield proc
-    finally:
-        assert proc.stop() == 0
 
 
 @pytest.fixture(scope="module")

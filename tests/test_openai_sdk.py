@@ -18,7 +18,7 @@ import pytest
 from openai import AsyncOpenAI, OpenAI
 
 from quanta_core.engine.llama_cpp.tokenizer import Tokenizer
-from tests.server_process import ServerProcess, start_server
+from tests.server_process import ServerProcess, running_server
 
 pytestmark = pytest.mark.model
 
@@ -28,12 +28,8 @@ ASK = [{"role": "user", "content": "Name three colours."}]
 
 @pytest.fixture(scope="module")
 def server(model_path: Path) -> Iterator[ServerProcess]:
-    proc = start_server("--n-ctx", str(N_CTX), "--threads", "1", "--grace", "5")
-    try:
-        proc.wait_ready()
+    with running_server("--n-ctx", str(N_CTX), "--threads", "1", "--grace", "5") as proc:
         yield proc
-    finally:
-        assert proc.stop() == 0  # a clean stop
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ import openai
 import pytest
 from openai import OpenAI
 
-from tests.server_process import ServerProcess, start_server
+from tests.server_process import ServerProcess, running_server
 
 pytestmark = pytest.mark.model
 
@@ -57,12 +57,8 @@ NAMED: Any = {"type": "function", "function": {"name": "get_weather"}}
 
 @pytest.fixture(scope="module")
 def server(model_path: Path) -> Iterator[ServerProcess]:
-    proc = start_server("--n-ctx", "4096", "--threads", "2", "--grace", "5")
-    try:
-        proc.wait_ready()
+    with running_server("--n-ctx", "4096", "--threads", "2", "--grace", "5") as proc:
         yield proc
-    finally:
-        assert proc.stop() == 0
 
 
 @pytest.fixture(scope="module")

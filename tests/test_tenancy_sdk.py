@@ -15,7 +15,7 @@ import openai
 import pytest
 from openai import OpenAI
 
-from tests.server_process import ServerProcess, start_server
+from tests.server_process import ServerProcess, running_server
 from tests.tenancy_setup import fresh_db
 
 pytestmark = pytest.mark.model
@@ -26,12 +26,8 @@ PROMPT = [1, 2, 3, 4, 5, 6, 7, 8]  # token ids: the prompt is exactly 8 tokens
 @pytest.fixture(scope="module")
 def server(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     db = fresh_db(tmp_path_factory.mktemp("tenancy"))
-    proc = start_server("--n-ctx", "1024", "--threads", "1", "--grace", "5", db=db)
-    try:
-        proc.wait_ready()
+    with running_server("--n-ctx", "1024", "--threads", "1", "--grace", "5", db=db) as proc:
         yield proc
-    finally:
-        assert proc.stop() == 0
 
 
 @pytest.fixture(scope="module")
