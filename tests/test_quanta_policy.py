@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 
 import pytest
 
 from app.server.settings import Settings
+from quanta_core.clock import VirtualClock
 from quanta_core.engine.fake import FakeExecutor
 from quanta_core.engine.types import SamplingParams, Stash
 from quanta_core.requests import ChoiceResult, FinishReason, RejectionKind, SloClass, TokenEvent
-from quanta_core.scheduler import SloConfig, make_policy
-from quanta_core.scheduler.policies.quanta import QuantaPolicy
+from quanta_core.scheduler import PolicyName, Scheduler, SchedulerConfig, SloConfig, make_policy
+from quanta_core.scheduler.policies.quanta import QuantaPolicy, admission_rules
 from quanta_core.scheduler.step_cost import StepCostModel
 from tests.scheduler_harness import Harness, expected_tokens, prompt
 
@@ -333,11 +335,10 @@ def thirty_on_four_slots(
         step_token_s=1e-6,
         retry_margin=retry_margin,
     )
-    h = Harness.make(FakeExecutor(n_seq_max=64), policy="quanta", max_running=4, slo=cfg)
-    policy = h.sched.policy
-    assert isinstance(policy, QuantaPolicy)
-    if not bookings:
-        policy.admission.bookings = None
+    policy = QuantaPolicy(cfg, rules=replace(admission_rules(cfg), book_retries=bookings))
+    ex, clock = FakeExecutor(n_seq_max=64), VirtualClock()
+    config = SchedulerConfig(policy=PolicyName.QUANTA, max_running=4, slo=cfg)
+    h = Harness(ex, Scheduler(config, ex.info, clock, policy=policy), clock)
     for k in range(30):
         h.submit(f"i{k}", prompt(32, base=100 + k), max_tokens=40, slo_class=INTER)
     return h, policy

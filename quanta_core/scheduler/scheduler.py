@@ -55,7 +55,7 @@ from quanta_core.scheduler.decode_run import (
 )
 from quanta_core.scheduler.handle import Event
 from quanta_core.scheduler.policies import make_policy
-from quanta_core.scheduler.policies.base import StartDecision, TenantStats
+from quanta_core.scheduler.policies.base import Policy, StartDecision, TenantStats
 from quanta_core.scheduler.preemption import PreemptionCosts, PreemptMode
 from quanta_core.scheduler.snapshot import (
     ChoiceView,
@@ -103,7 +103,10 @@ class Scheduler:
         token_events: bool = True,
         predictor: LengthPredictor | None = None,
         check_token_ids: bool = True,
+        policy: Policy | None = None,
     ) -> None:
+        """``policy``: one built by the caller (its rules set otherwise than ``config``
+        says); by default ``config.policy``'s, made from ``config``."""
         self.config = config
         # A caller that needs only each choice's end (the simulator: a result carries its
         # tokens and their times) is spared an event per token.
@@ -116,7 +119,7 @@ class Scheduler:
         bs = config.block_size
         num_blocks = config.num_kv_blocks or info.n_ctx // bs
         self.kv: KvManager | SlotManager = make_kv(config, info)
-        self.policy = make_policy(config.policy, config)
+        self.policy = make_policy(config.policy, config) if policy is None else policy
         self.policy.set_pool(num_blocks, bs)
         # Every served choice's length teaches it, whatever the policy (it is saved with the
         # server's state); the policies that predict read it.

@@ -17,12 +17,17 @@ from quanta_core.scheduler.queue import ChoiceQueue, WaitingQueue, arrival_order
 
 
 class ClassQueue:
-    def __init__(self, counters: Mapping[SloClass, VirtualCounters]) -> None:
+    def __init__(
+        self,
+        counters: Mapping[SloClass, VirtualCounters],
+        choose: Callable[[Choice], Choice] | None = None,
+    ) -> None:
+        """``choose``: the interactive head, given VTC's (VTC's unless a promise needs
+        another first); None: VTC's."""
         self.promoted = WaitingQueue(arrival_order)
         self.classes = {c: FairQueue(counters[c]) for c in SloClass}
         self._home: dict[Choice, ChoiceQueue] = {}
-        # The interactive head, given VTC's: VTC's unless a promise needs another first.
-        self.choose: Callable[[Choice], Choice] | None = None
+        self.choose = choose
 
     def __len__(self) -> int:
         return len(self._home)

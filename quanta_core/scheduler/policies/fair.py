@@ -60,45 +60,17 @@ batch request waits at most ~95 s.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Sequence
 
-from quanta_core.engine.types import StepPlan, StepResult
-from quanta_core.requests import FinishReason, SloClass
+from quanta_core.requests import SloClass
 from quanta_core.scheduler.admission import AdmissionVerdict
 from quanta_core.scheduler.choice import Choice
 from quanta_core.scheduler.config import PolicyName, SchedulerConfig, StepLimits
 from quanta_core.scheduler.policies.base import Policy, StartDecision, TenantStats
-from quanta_core.scheduler.policies.class_queue import ClassQueue
-from quanta_core.scheduler.policies.slo_admission import SloAdmission
+from quanta_core.scheduler.policies.class_policy import ClassPolicy, prefilling, tenant_rows
+from quanta_core.scheduler.policies.slo_admission import AdmissionRules
 from quanta_core.scheduler.policies.vtc import FairQueue, VirtualCounters
 from quanta_core.scheduler.slo import SloConfig
-from quanta_core.scheduler.step_cost import StepCostModel, attended_k
-
-_SERVED = frozenset({FinishReason.STOP, FinishReason.LENGTH})
-
-
-def _count(requests: Iterable[Choice]) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for r in requests:
-        out[r.tenant] = out.get(r.tenant, 0) + 1
-    return out
-
-
-def _stats(
-    counters: VirtualCounters,
-    waiting_requests: Iterable[Choice],
-    running: Iterable[Choice],
-    slo_class: str,
-) -> list[TenantStats]:
-    waiting, on_engine = _count(waiting_requests), _count(running)
-    return [
-        TenantStats(t, slo_class, c, waiting.get(t, 0), on_engine.get(t, 0))
-        for t, c in sorted(counters.counter.items())
-    ]
-
-
-def _prefilling(r: Choice) -> bool:
-    return r.num_tokens - r.num_computed_tokens > 1
 
 
 class VtcPolicy(Policy):
@@ -149,27 +121,15 @@ class VtcPolicy(Policy):
         return len(self.queue.tenants()) <= 1
 
     def tenant_stats(self, running: Collection[Choice]) -> tuple[TenantStats, ...]:
-        return tuple(_stats(self.counters, self.queue, running, "all"))
+        return tuple(tenant_rows(self.counters, self.queue, running, "all"))
 
 
-class SloPolicy(Policy):
+class SloPolicy(ClassPolicy):
     name = PolicyName.SLO
 
     def __init__(self, config: SloConfig | None = None) -> None:
-        self.config = config = config or SloConfig()
-        self.counters = {
-            c: VirtualCounters(config.input_cost, config.output_cost) for c in SloClass
-        }
-        self.queue = ClassQueue(self.counters)
-        self.waiting = self.queue
-        self.cost = StepCostModel(config)
-        self.admission = SloAdmission(config, self.cost, self.queue, self.counters)
-        self.queue.choose = self._choose_interactive
-        self._cap = 1
-        self._limits = StepLimits(1, 1)
-        self._now = 0.0
-        self._running: Collection[Choice] = ()  # the scheduler's live running set
-        self._batch_yields = False  # an interactive prefill is on, or starts now
+        config = config or SloConfig()
+        super().__init__(config, AdmissionRules())
         self._itl_target = config.interactive_itl_s * config.itl_headroom
 
     @classmethod
@@ -178,23 +138,13 @@ class SloPolicy(Policy):
 
     # ---- the cycle ----
 
-    def begin_cycle(self, running: Collection[Choice], now: float) -> None:
-        self._now, self._running = now, running
-        aging = self.config.batch_aging_s
-        batch = self.queue.classes[SloClass.BATCH]
-        for r in list(batch):
-            since = r.preempted_at[-1] if r.preempted_at else r.arrival
-            if now - since >= aging:
-                self.queue.promote(r)
-        self.admission.drain.note(now, len(batch) + len(self.queue.promoted) > 0)
-
     def limits(self, running: Collection[Choice], base: StepLimits) -> StepLimits:
         present = self._interactive_present(running)
         limits = self.interactive_limits(len(running), base, present)
         self._cap = limits.max_running
         starts = len(self.queue.classes[SloClass.INTERACTIVE]) > 0 and len(running) < self._cap
         inter = [r for r in running if r.slo_class is SloClass.INTERACTIVE]
-        self._batch_yields = starts or any(_prefilling(r) for r in inter)
+        self._batch_yields = starts or any(prefilling(r) for r in inter)
         if self._batch_yields:
             # The step is priced for the interactive streams (and one arrival): batch goes
             # after them, in what ``room`` leaves.
@@ -207,7 +157,7 @@ class SloPolicy(Policy):
     def order_running(self, running: list[Choice]) -> list[Choice]:
         """Decoding streams first, so that no prefill chunk takes their token; then
         interactive prefill before batch prefill."""
-        return sorted(running, key=lambda r: (_prefilling(r), r.slo_class is SloClass.BATCH))
+        return sorted(running, key=lambda r: (prefilling(r), r.slo_class is SloClass.BATCH))
 
     def defers(self, r: Choice) -> bool:
         """Batch yields to an interactive prefill: it gets what is left, after it."""
@@ -219,9 +169,6 @@ class SloPolicy(Policy):
         if not self._interactive_present(self._running) or n_seqs == 0:
             return None  # an empty step always takes a slice: else nothing would ever run
         return self.cost.room(n_seqs, n_tokens, self._itl_target)
-
-    def _choose_interactive(self, vtc_head: Choice) -> Choice:
-        return self.admission.next_interactive(vtc_head, self._now, self._running, self._limits)
 
     def _interactive_present(self, running: Collection[Choice]) -> bool:
         if len(self.queue.classes[SloClass.INTERACTIVE]) > 0:
@@ -240,23 +187,12 @@ class SloPolicy(Policy):
         n_seqs = max(n_running, min(n_running + 1, cap))
         return StepLimits(cap, self.cost.max_tokens(n_seqs, target, base.token_budget))
 
-    def _batch_slots(self, cap: int) -> int:
-        """The running slots batch may fill: all but the reserve (one at least)."""
-        return max(cap - self.config.interactive_reserve, 1)
-
     def may_start(self, r: Choice, running: Collection[Choice]) -> StartDecision:
         if r.slo_class is SloClass.INTERACTIVE or self.queue.is_promoted(r):
             return StartDecision.START
         if len(running) >= self._batch_slots(self._cap):
             return StartDecision.STOP
         return StartDecision.START
-
-    def pick_victim(self, candidates: Sequence[Choice]) -> Choice:
-        def key(r: Choice) -> tuple[bool, float, int, int]:
-            rank = self.counters[r.slo_class].rank(r.tenant)
-            return (r.slo_class is SloClass.BATCH, rank, r.order, r.index)
-
-        return max(candidates, key=key)
 
     # ---- admission ----
 
@@ -270,47 +206,5 @@ class SloPolicy(Policy):
             caps = StepLimits(self._batch_slots(caps.max_running), caps.token_budget)
         verdict = self.admission.decide(choices, running, caps, base)
         if verdict.reason is None:
-            for r in choices:
-                self.counters[cls].join(r)
+            self.admitted(choices)
         return verdict
-
-    # ---- bookkeeping ----
-
-    def on_started(self, r: Choice) -> None:
-        self.admission.forget(r)
-        self.counters[r.slo_class].reserve(r)
-
-    def on_left_running(self, r: Choice) -> None:
-        self.counters[r.slo_class].release(r)
-
-    def on_progress(self, r: Choice, input_tokens: int, output_tokens: int) -> None:
-        self.counters[r.slo_class].charge(r, input_tokens, output_tokens)
-
-    def on_finished(self, r: Choice) -> None:
-        self.admission.forget(r)
-        self.counters[r.slo_class].leave(r)
-        if r.finish_reason in _SERVED and r.index == 0:
-            self.admission.observe_output(r.num_output + r.eog_tokens)
-
-    def after_warm_up(self, tenant: str) -> None:
-        self.admission.est.expected_output = float(self.config.expected_output_tokens)
-        for counters in self.counters.values():
-            counters.forget(tenant)
-
-    def on_step(self, plan: StepPlan, result: StepResult) -> None:
-        seconds = result.timings.total_s or result.timings.engine_s
-        n_tokens = sum(len(s.tokens) for s in plan.slices)
-        pairs = sum(attended_k(s.start_pos, len(s.tokens)) for s in plan.slices)
-        self.cost.observe(len(plan.slices), n_tokens, seconds, pairs)
-        if self.admission.drain.backlogged:
-            batch = {r.owner for r in self._running if r.slo_class is SloClass.BATCH}
-            n_batch = sum(len(s.tokens) for s in plan.slices if s.owner in batch)
-            self.admission.drain.served(self._now + seconds, n_batch)
-
-    def tenant_stats(self, running: Collection[Choice]) -> tuple[TenantStats, ...]:
-        out: list[TenantStats] = []
-        for c in SloClass:
-            waiting = [r for r in self.queue if r.slo_class is c]
-            mine = [r for r in running if r.slo_class is c]
-            out += _stats(self.counters[c], waiting, mine, c.value)
-        return tuple(out)

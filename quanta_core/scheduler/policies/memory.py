@@ -123,3 +123,15 @@ class MemoryGate:
         if not ok:
             self.holds += 1
         return ok
+
+    def slots(self, requests: Collection[Choice]) -> int | None:
+        """How many requests like ``requests`` the pool holds at once: the pool over their
+        mean projected size (held cells and the projected remaining, in whole blocks), at
+        least 1; None before ``set_pool``. What the gate lets run at once, for admission's
+        projection: a KV-bound burst is served that many at a time, not as many as the
+        step time allows."""
+        if self.capacity_blocks <= 0 or not requests:
+            return None
+        bs, remaining = self.block_size, self.remaining
+        sizes = [-(-(len(r.tokens) + remaining(r)) // bs) for r in requests]
+        return max(1, int(self.capacity_blocks * len(sizes) // sum(sizes)))

@@ -22,7 +22,7 @@ A new request passes three checks, in this order:
    Missed: rejected; 429 if its tenant is over its fair share, else 503 (the machine as a
    whole cannot meet the target). A batch request that misses its target even on an idle
    machine is served best effort (no queue is in its way, no retry would help); so is an
-   interactive one, unless the policy sets ``long_prompt_slack``: then a prompt too long
+   interactive one, unless the policy's rules set ``long_prompt_slack``: then a prompt too long
    for the target even alone is promised that many times its own prefill instead.
 3. The shared bound of all queues. Full: a batch arrival is rejected (503); an interactive one
    sheds queued batch requests, newest first, that never ran, were never preempted and were
@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from quanta_core.requests import RejectionKind, SloClass
 from quanta_core.scheduler.admission import AdmissionDecision, AdmissionVerdict
@@ -73,6 +73,32 @@ def _tokens(requests: Iterable[Choice]) -> int:
     return sum(r.prompt_len for r in requests)
 
 
+@dataclass(frozen=True, slots=True)
+class AdmissionRules:
+    """How a policy's admission projects and answers; the ``slo`` policy's by default
+    (``QuantaPolicy`` passes its own)."""
+
+    # Interactive prefills are served earliest due first, a running one included
+    # (``promises.edf_first``): a new request is projected among them in due order. Else
+    # the running ones hold the lane and the new one goes after every promise.
+    prefill_edf: bool = False
+    # Promoted (aged) batch goes ahead of a new interactive request in the projection;
+    # False where the policy lets interactive overtake aged batch.
+    promoted_ahead: bool = True
+    # A refused interactive request's retry keeps its place (``bookings``).
+    book_retries: bool = False
+    # A prompt too long for the first-token target even alone is promised this many times
+    # its own prefill (2: it may wait as long as it computes); None: best effort.
+    long_prompt_slack: float | None = None
+    # A refusal's retry-after is when the projected first token, this fraction later, is
+    # within the target (0: the projection's own moment).
+    retry_margin: float = 0.0
+    # The step an interactive prefill chunk is sized to (None: ``interactive_itl_s *
+    # itl_headroom``), and whether a prompt alone runs in full-budget steps instead.
+    itl_target_s: float | None = None
+    alone_full_budget: bool = False
+
+
 class SloAdmission:
     def __init__(
         self,
@@ -80,13 +106,10 @@ class SloAdmission:
         cost: StepCosts,
         queue: ClassQueue,
         counters: Mapping[SloClass, VirtualCounters],
-        prefill_edf: bool = False,
+        rules: AdmissionRules | None = None,
     ) -> None:
         self.config = config
-        # Interactive prefills are served earliest due first, a running one included
-        # (``promises.edf_first``): a new request is projected among them in due order. Else
-        # the running ones hold the lane and the new one goes after every promise.
-        self.prefill_edf = prefill_edf
+        self.rules = rules = rules or AdmissionRules()
         # Every admitted interactive request's first token's due time, until it ends (the
         # policy orders prefills by it).
         self.dues: dict[Choice, float] = {}
@@ -94,27 +117,14 @@ class SloAdmission:
         self.cost = cost
         self.queue = queue
         self.counters = counters
-        self.est = SloEstimates(config, cost)
+        self.est = SloEstimates(config, cost, rules.itl_target_s, rules.alone_full_budget)
         self.promises: dict[Choice, float] = {}  # queued interactive -> first token due
-        # Promoted (aged) batch goes ahead of a new interactive request in the projection;
-        # a policy that lets interactive overtake aged batch says False.
-        self.promoted_ahead = True
         # The last accepted request's projected seconds to its first token (None: no
         # projection), for checking the estimate against what happens.
         self.last_estimate: float | None = None
         self.first_token_s = 0.0  # ``estimate``'s wait and prefill, of its last call
-        # Seconds past the interactive target a projected first token may come and still be
-        # admitted (a policy sets it per request; 0: the target is the bound).
-        self.ttft_grace_s = 0.0
-        # A refused interactive request's retry keeps its place (``bookings``); None: off.
-        self.bookings: Bookings | None = None
+        self.bookings: Bookings | None = Bookings() if rules.book_retries else None
         self.drain = BacklogDrain()  # batch's measured service rate (the policy feeds it)
-        # A prompt too long for the first-token target even alone is promised this many
-        # times its own prefill (2: it may wait as long as it computes); None: best effort.
-        self.long_prompt_slack: float | None = None
-        # A refusal's retry-after is when the projected first token, this fraction later,
-        # is within the target (a policy sets it; 0: the projection's own moment).
-        self.retry_margin = 0.0
 
     # ---- the decision ----
 
@@ -124,8 +134,13 @@ class SloAdmission:
         running: Collection[Choice],
         caps: StepLimits,
         base: StepLimits,
+        grace_s: float = 0.0,
+        full: bool = False,
     ) -> AdmissionVerdict:
-        """``caps``: the steps it will run in; ``base``: the configured limits."""
+        """``caps``: the steps it will run in; ``base``: the configured limits. An
+        interactive request only: ``grace_s`` past its first-token target it may still be
+        admitted (0: the target is the bound); ``full``: interactive prefills are priced in
+        full-budget steps (``SloEstimates.interactive_prefill_s``)."""
         self.last_estimate = None
         self._due = None
         x = choices[0]
@@ -146,7 +161,7 @@ class SloAdmission:
                 self.drain_s(excess, caps),
             )
         if cls is SloClass.INTERACTIVE:
-            missed = self._interactive_target(x, running, caps, base)
+            missed = self._interactive_target(x, running, caps, base, grace_s, full)
         else:
             missed = self._batch_target(x, running, caps)
         if isinstance(missed, AdmissionVerdict):
@@ -158,7 +173,13 @@ class SloAdmission:
         return verdict
 
     def _interactive_target(
-        self, x: Choice, running: Collection[Choice], caps: StepLimits, base: StepLimits
+        self,
+        x: Choice,
+        running: Collection[Choice],
+        caps: StepLimits,
+        base: StepLimits,
+        grace_s: float,
+        full: bool,
     ) -> AdmissionVerdict | float | None:
         """A rejection, or the promise to make (its due time; None: best effort)."""
         now = x.arrival
@@ -167,12 +188,14 @@ class SloAdmission:
             return None
         over = self.over_share(x, running)
         queued = self._projected_queue()
+        edf = self.rules.prefill_edf
+        budget = base.token_budget
         slots, decode_s, streams = self.est.view(
-            now, running, queued, caps.max_running, base.token_budget, lane=not self.prefill_edf
+            now, running, queued, caps.max_running, budget, lane=not edf, full=full
         )
 
         def job(r: Choice, due: float | None) -> Job:
-            return self.est.job(r, due, decode_s, streams, base.token_budget)
+            return self.est.job(r, due, decode_s, streams, budget, full)
 
         # Every promise is due before x's would be (same target, earlier arrival): x goes
         # after them all, so admitting it can delay none of them. Their due times order
@@ -180,8 +203,8 @@ class SloAdmission:
         # x's own are checked.
         unpromised = self._unpromised()
         promised = [r for r in queued if r not in unpromised]
-        dues = self.dues if self.prefill_edf else {}  # due order: by their targets
-        ordered = self.est.jobs(promised, dues, decode_s, streams, base.token_budget)
+        dues = self.dues if edf else {}  # due order: by their targets
+        ordered = self.est.jobs(promised, dues, decode_s, streams, budget, full)
         own = self.bookings.claim(x) if self.bookings is not None else None
         booked: list[Job] = []
         if self.bookings is not None:
@@ -193,17 +216,17 @@ class SloAdmission:
                     continue  # its retry did not come when told: no room is kept for it
                 size = (b.prompt_len, b.max_tokens)
                 if size not in sized:
-                    sized[size] = self.est.job_of(*size, decode_s, streams, base.token_budget)
+                    sized[size] = self.est.job_of(*size, decode_s, streams, budget, full)
                 booked.append(replace(sized[size], due=b.at + target))
         if over:
             # the others' room goes ahead of it (in due order: due with it, before it)
-            room = job(x, now + target if self.prefill_edf else None)
+            room = job(x, now + target if edf else None)
             ordered += [room] * len(self._tenants_below(x, running))
-        mine = job(x, now + target + self.ttft_grace_s)
+        mine = job(x, now + target + grace_s)
         first: float | None
-        if self.prefill_edf:
+        if edf:
             first, est = self._edf_first(
-                x, running, slots, ordered, booked, mine, target, streams, base.token_budget
+                x, running, slots, ordered, booked, mine, target, streams, budget, full
             )
         else:
             # Behind every booked retry as if each were back now; else in due order with
@@ -221,7 +244,7 @@ class SloAdmission:
             return mine.due
         kind = RejectionKind.TENANT_OVER_SHARE if over else RejectionKind.OVERLOADED
         why = " (its tenant is over its fair share)" if over else ""
-        retry = max(est * (1 + self.retry_margin) - target, self.cost.decode_step_s(1))
+        retry = max(est * (1 + self.rules.retry_margin) - target, self.cost.decode_step_s(1))
         if self.bookings is not None:
             self.bookings.book(x, now + retry)
         return AdmissionVerdict.reject(
@@ -242,6 +265,7 @@ class SloAdmission:
         target: float,
         streams: int,
         budget: int,
+        full: bool,
     ) -> tuple[float | None, float]:
         """``x``'s seconds to its first token where prefills go earliest due first, running
         ones too (None: late, or it would make another late), and the projection's own
@@ -249,7 +273,7 @@ class SloAdmission:
         their times; a grace (``mine.due`` past the target: a calm burst, or a machine
         below capacity) lets it in where the due order puts it, late or making late."""
         now = x.arrival
-        ahead = self.est.running_prefills(running, self.dues, streams, budget)
+        ahead = self.est.running_prefills(running, self.dues, streams, budget, full)
         ahead += ordered
         own = replace(mine, due=now + target)
         # the retry-after's projection: behind every booked retry (refused before it)
@@ -332,8 +356,9 @@ class SloAdmission:
         best effort)."""
         target = self.config.interactive_ttft_s
         alone = self.est.alone_prefill_s(x, base.token_budget)
-        if self.long_prompt_slack is not None:
-            return max(target, self.long_prompt_slack * alone)
+        slack = self.rules.long_prompt_slack
+        if slack is not None:
+            return max(target, slack * alone)
         return target if alone <= target else None
 
     def target(self, cls: SloClass) -> float:
@@ -347,17 +372,23 @@ class SloAdmission:
     # ---- keeping the promises ----
 
     def next_interactive(
-        self, vtc_head: Choice, now: float, running: Collection[Choice], caps: StepLimits
+        self,
+        vtc_head: Choice,
+        now: float,
+        running: Collection[Choice],
+        caps: StepLimits,
+        full: bool = False,
     ) -> Choice:
         """The queued interactive request to start next: VTC's head unless starting it first
-        would make a promised request late in the projection (``promises.next_up``)."""
+        would make a promised request late in the projection (``promises.next_up``);
+        ``full`` as ``decide``'s."""
         queued = list(self.queue.classes[SloClass.INTERACTIVE])
         if _earliest_due(queued, self.promises) in (None, vtc_head):
             return vtc_head  # ``next_up``'s own first answer, without pricing the queue
         slots, decode_s, streams = self.est.view(
-            now, running, queued, caps.max_running, caps.token_budget
+            now, running, queued, caps.max_running, caps.token_budget, full=full
         )
-        jobs = self.est.jobs(queued, self.promises, decode_s, streams, caps.token_budget)
+        jobs = self.est.jobs(queued, self.promises, decode_s, streams, caps.token_budget, full)
         return queued[next_up(now, slots, jobs, queued.index(vtc_head))]
 
     def forget(self, r: Choice) -> None:
@@ -432,7 +463,9 @@ class SloAdmission:
     def _projected_queue(self) -> list[Choice]:
         """What goes ahead of a new interactive request: promoted batch (oldest first),
         then the queued interactive requests by due time."""
-        promoted = sorted(self.queue.promoted, key=arrival_order) if self.promoted_ahead else []
+        promoted: list[Choice] = []
+        if self.rules.promoted_ahead:
+            promoted = sorted(self.queue.promoted, key=arrival_order)
         interactive = sorted(
             self.queue.classes[SloClass.INTERACTIVE],
             key=lambda r: (self.promises.get(r, float("inf")), arrival_order(r)),

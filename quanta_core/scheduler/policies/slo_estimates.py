@@ -34,15 +34,24 @@ def prefill_left(r: Choice) -> int:
 
 
 class SloEstimates:
-    def __init__(self, config: SloConfig, cost: StepCosts) -> None:
+    def __init__(
+        self,
+        config: SloConfig,
+        cost: StepCosts,
+        itl_target_s: float | None = None,
+        alone_full_budget: bool = False,
+    ) -> None:
+        """``itl_target_s``: the step an interactive prefill chunk is sized to (default: the
+        ``slo`` policy's, ``interactive_itl_s * itl_headroom``); ``alone_full_budget``: a
+        prompt on an idle engine runs in full-budget steps (``quanta``), not in such
+        chunks."""
         self.config = config
         self.cost = cost
         self.expected_output = float(config.expected_output_tokens)
-        self.itl_target_s = config.interactive_itl_s * config.itl_headroom
-        # The policy prefills interactive requests in full-budget steps (``quanta``'s time
-        # to first token first), not in chunks sized to the inter-token target (``slo``).
-        self.full_budget_prefill = False
-        self.alone_full_budget = False
+        if itl_target_s is None:
+            itl_target_s = config.interactive_itl_s * config.itl_headroom
+        self.itl_target_s = itl_target_s
+        self.alone_full_budget = alone_full_budget
 
     def observe_output(self, n_tokens: int) -> None:
         """A request finished with ``n_tokens`` output tokens (STOP or LENGTH)."""
@@ -58,11 +67,12 @@ class SloEstimates:
         return max(total - r.num_output, 1)
 
     def interactive_prefill_s(
-        self, n_tokens: int, n_streams: int, budget: int, start: int = 0
+        self, n_tokens: int, n_streams: int, budget: int, start: int = 0, full: bool = False
     ) -> float:
         """Prefilling ``n_tokens`` from position ``start`` beside ``n_streams`` interactive
-        streams."""
-        if self.full_budget_prefill:
+        streams; ``full``: in full-budget steps (``quanta``'s time to first token first, in
+        a calm burst), not in chunks sized to the inter-token target."""
+        if full:
             # Queued prompts pack into the same full steps: each pays its tokens' share (and
             # its own attention: a chunk at the middle of it, on average).
             chunk = max(budget - n_streams, 1)
@@ -90,6 +100,7 @@ class SloEstimates:
         cap: int,
         budget: int,
         lane: bool = True,
+        full: bool = False,
     ) -> tuple[Slots, float, int]:
         """The running slots as ``queued`` will find them, the decode step's seconds, and
         the interactive streams an interactive prefill runs beside. ``lane``: the running
@@ -110,7 +121,9 @@ class SloEstimates:
                 prefill = priced.get((todo, start), -1.0)
                 if prefill < 0:
                     prefill = priced[(todo, start)] = (
-                        self.interactive_prefill_s(todo, streams, budget, start) if todo else 0.0
+                        self.interactive_prefill_s(todo, streams, budget, start, full)
+                        if todo
+                        else 0.0
                     )
                 at += prefill if lane_held else 0.0
             else:
@@ -128,6 +141,7 @@ class SloEstimates:
         dues: Mapping[Choice, float],
         streams: int,
         budget: int,
+        full: bool = False,
     ) -> list[Job]:
         """The running interactive requests still prefilling, as jobs that hold their slot,
         due at their promise (``dues``; none: now, they go first)."""
@@ -136,15 +150,21 @@ class SloEstimates:
             todo = prefill_left(r)
             if r.slo_class is SloClass.INTERACTIVE and todo:
                 start = r.num_computed_tokens
-                prefill = self.interactive_prefill_s(todo, streams, budget, start)
+                prefill = self.interactive_prefill_s(todo, streams, budget, start, full)
                 out.append(Job(prefill, 0.0, dues.get(r, -math.inf), holds_slot=True))
         return out
 
     def job_of(
-        self, prompt_len: int, max_tokens: int, decode_s: float, streams: int, budget: int
+        self,
+        prompt_len: int,
+        max_tokens: int,
+        decode_s: float,
+        streams: int,
+        budget: int,
+        full: bool = False,
     ) -> Job:
         """A not yet submitted interactive request of these sizes (a booked retry)."""
-        prefill = self.interactive_prefill_s(prompt_len, streams, budget)
+        prefill = self.interactive_prefill_s(prompt_len, streams, budget, full=full)
         return Job(prefill, max(min(max_tokens, self.expected()), 1) * decode_s)
 
     def jobs(
@@ -154,6 +174,7 @@ class SloEstimates:
         decode_s: float,
         streams: int,
         budget: int,
+        full: bool = False,
     ) -> list[Job]:
         """``job`` of each of ``queued``, due at its promise: each size priced once (a burst
         is hundreds of requests of a few sizes, and every arrival projects them all)."""
@@ -168,17 +189,26 @@ class SloEstimates:
             size = (r.slo_class, todo, max(total - r.num_output, 1), r.num_computed_tokens)
             job = priced.get(size)
             if job is None:
-                job = priced[size] = self.job(r, None, decode_s, streams, budget)
+                job = priced[size] = self.job(r, None, decode_s, streams, budget, full)
             due = promises.get(r)
             out.append(job if due is None else Job(job.prefill_s, job.hold_s, due))
         return out
 
-    def job(self, r: Choice, due: float | None, decode_s: float, streams: int, budget: int) -> Job:
-        """``r`` queued; ``due`` its promised first token (None: no promise)."""
+    def job(
+        self,
+        r: Choice,
+        due: float | None,
+        decode_s: float,
+        streams: int,
+        budget: int,
+        full: bool = False,
+    ) -> Job:
+        """``r`` queued; ``due`` its promised first token (None: no promise); ``full`` as
+        ``interactive_prefill_s``'s."""
         todo = prefill_left(r) + 1
         start = r.num_computed_tokens
         if r.slo_class is SloClass.INTERACTIVE:
-            prefill = self.interactive_prefill_s(todo, streams, budget, start)
+            prefill = self.interactive_prefill_s(todo, streams, budget, start, full)
         else:
             prefill = self.cost.prefill_s(todo, streams, budget, start)
         hold = self.outputs_left(r) * decode_s
