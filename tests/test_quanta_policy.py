@@ -711,3 +711,24 @@ def test_the_first_token_target_grows_with_the_prompts_own_prefill() -> None:
     done = h.results()[("mid", 0)]
     assert done.finish_reason is FinishReason.LENGTH
     assert done.timings.ttft_estimate_s is not None and done.timings.ttft_estimate_s > 2.0
+
+
+def test_aged_batch_goes_ahead_of_other_batch_never_ahead_of_interactive() -> None:
+    def first_tokens(aging: float) -> list[str]:
+        # One batch slot (two running, one reserved): a0 runs; a1 (its tenant's, older)
+        # and b1 (a fresh tenant's, lower counter) wait for it, and then an interactive i1.
+        cfg = SloConfig(batch_aging_s=aging, interactive_ttft_s=60.0)
+        h = Harness.make(FakeExecutor(n_seq_max=64), policy="quanta", max_running=2, slo=cfg)
+        h.submit("a0", prompt(8), max_tokens=30, tenant="a", slo_class=BATCH)
+        for rid, tenant, cls in (("a1", "a", BATCH), ("b1", "b", BATCH), ("i1", "c", INTER)):
+            for _ in range(3):
+                h.cycle()
+            h.submit(
+                rid, prompt(8, base=200 + len(h.plans)), max_tokens=5, tenant=tenant, slo_class=cls
+            )
+        h.run()
+        firsts = {rid: r.timings.first_token or math.inf for (rid, _), r in h.results().items()}
+        return sorted(firsts, key=lambda k: firsts[k])
+
+    assert first_tokens(math.inf) == ["a0", "i1", "b1", "a1"]  # VTC: the lower counter
+    assert first_tokens(0.05) == ["a0", "i1", "a1", "b1"]  # aged: the oldest, after i1
