@@ -12,6 +12,7 @@ from quanta_core.engine.types import CopyPrefix, DropStash, KvOp, Restore, Stash
 from quanta_core.kv import KvIntegrityError
 from quanta_core.kv.prefix_cache import BlockChain, root_hash
 from quanta_core.kv.slots import SlotManager, SlotRole
+from quanta_core.sim.steady import start_stays_blocked, steps_from_free
 
 BS = 16
 
@@ -45,7 +46,7 @@ def test_a_plain_start_takes_the_lowest_free_slot() -> None:
 def test_a_request_longer_than_a_slot_never_starts() -> None:
     kv = make()
     assert kv.allocate(toks(65), 512) is None
-    assert kv.start_stays_blocked(toks(65), 512)
+    assert start_stays_blocked(kv, toks(65), 512)
     assert kv.drain_ops() == [] and kv.num_free_slots == 4
 
 
@@ -54,7 +55,7 @@ def test_growth_is_bounded_by_the_slot_and_takes_nothing_from_others() -> None:
     kv.allocate(toks(10), 512)
     assert kv.grow(0, 64)
     assert not kv.grow(0, 65)
-    assert kv.steps_from_free([(0, 60, 1)], limit=100) == 4
+    assert steps_from_free(kv, [(0, 60, 1)], limit=100) == 4
     kv.check_integrity()
 
 

@@ -1,7 +1,7 @@
 """Steady decode steps taken in bulk give the same simulation as steps one by one.
 
 The simulator takes the steps in which every running request only decodes (and one prompt is
-prefilled in chunks beside them) in runs (``Scheduler.steady_decodes``, ``SimLoop``); these
+prefilled in chunks beside them) in runs (``quanta_core.sim.steady``, ``SimLoop``); these
 workloads are run both ways, under the policies that take runs (``fcfs``, ``vtc``,
 ``sequential``, ``static``) and those that always step (``quanta``, ``horizon``, ``slo``), and
 every request's record (token times, first token, finish, tokens, preemptions), the run's

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -72,6 +72,17 @@ class KvStats:
         return self.active_blocks / self.num_blocks
 
 
+@dataclass(frozen=True, slots=True)
+class StartNeed:
+    """What ``allocate`` would take now: ``blocks`` to reserve besides the shared prefix's,
+    ``pinned`` of those shared that are cached (no longer reclaimable once shared), ``hit``
+    the chained hashes of the shared prefix's blocks."""
+
+    blocks: int
+    pinned: int
+    hit: tuple[int, ...]
+
+
 # (shared blocks, their hashes, source seq, shared tokens, from the cache, new tokens,
 #  blocks to reserve, cached blocks pinned): ``KvManager._size_start``
 _StartSize = tuple[list[Block], list[int], int | None, int, bool, int, int, int]
@@ -102,8 +113,6 @@ class KvManager:
         self.num_blocks = num_blocks
         self.cache = PrefixCache(block_size)
         self._ops: list[KvOp] = []
-        # While set, the hash of every cache entry a release drops (a steady run's evictions).
-        self.forget_log: list[int] | None = None
         self._empty()
 
     def _empty(self) -> None:
@@ -121,11 +130,29 @@ class KvManager:
         return self.pool.num_free + self.pool.num_cached
 
     @property
+    def num_cached_blocks(self) -> int:
+        """Blocks held only for the prefix cache (reclaimed by eviction, oldest first)."""
+        return self.pool.num_cached
+
+    @property
     def num_seqs_available(self) -> int:
         return len(self._free_seqs) + len(self._holders)
 
     def table(self, seq: int) -> list[int]:
         return [b.block_id for b in self._seqs[seq].table]
+
+    def num_blocks_of(self, seq: int) -> int:
+        return len(self._seqs[seq].table)
+
+    def block_hashes(self, seq: int) -> Sequence[int]:
+        """The chained hashes of ``seq``'s computed full blocks (read only)."""
+        return self._seqs[seq].hashes
+
+    def caches(self, block_hash: int) -> bool:
+        """Whether a cached block (no running sequence on it) is the cache's entry for
+        ``block_hash``."""
+        block = self.cache.entries.get(block_hash)
+        return block is not None and block.n_active == 0
 
     def holders(self) -> list[int]:
         return list(self._holders)
@@ -260,81 +287,22 @@ class KvManager:
         pinned = sum(1 for b in shared if b.n_active == 0)
         return shared, hashes, src, n_copy, from_cache, num_new, need, pinned
 
-    def start_stays_blocked(
+    def start_need(
         self,
         tokens: Sequence[int],
         budget: int,
         copy_from: tuple[int, int] | None = None,
-        evict: bool = False,
         chain: BlockChain | None = None,
-    ) -> bool:
-        """Whether ``allocate`` fails now for want of blocks and goes on failing while the
-        active sequences only grow from free blocks (nothing freed, evicted or started).
-
-        Growing only takes free blocks, so the shortfall stays unless the prefix found in
-        the cache deepens (a deeper hit shares blocks instead of reserving them): that takes
-        an active sequence that holds the hit's chain (or a start of it) and hashes its next
-        blocks. If one could, the answer is ``False`` (not known to stay), as it is when the
-        start fails for another reason or might succeed.
-
-        ``evict``: also while that growth evicts cached blocks. An eviction may cut the hit
-        short and unpin its blocks, but a shorter hit never needs fewer blocks (the need is
-        min(the prompt's blocks - the hit's, the budget's blocks)) and every block grown
-        takes one from free plus cached: it stays if the need is above free plus cached,
-        pinned or not."""
+    ) -> StartNeed | None:
+        """What ``allocate`` (same arguments) would take now, whether or not it would get it;
+        ``None`` when there is nothing to compute."""
         sizing = self._size_start(
             tokens, budget, copy_from, ROOT_HASH if chain is None else chain.root
         )
         if sizing is None:
-            return False
+            return None
         _, hashes, _, _, _, _, need, pinned = sizing
-        if need <= self.num_free_blocks - (0 if evict else pinned):
-            return False
-        if copy_from is not None or not self.enable_prefix_cache:
-            return True  # a sibling's prompt is a fixed prefix; no cache, no hit
-        if len(hashes) >= (len(tokens) - 1) // self.block_size:
-            return True  # the hit is as deep as a start may share
-        depth = len(hashes)
-        for st in self._seqs.values():
-            n = len(st.hashes)
-            if st.role is SeqRole.ACTIVE and n <= depth and st.hashes == hashes[:n]:
-                return False  # its next blocks may carry on the hit's chain
-        return True
-
-    def restore_stays_blocked(self, tokens: Sequence[int], n_stashed: int, budget: int) -> bool:
-        """Whether ``restore`` fails now for want of blocks (and so goes on failing while the
-        active sequences only grow: they take free blocks, never give any)."""
-        num_new = min(len(tokens) - n_stashed, budget)
-        return num_new > 0 and cdiv(n_stashed + num_new, self.block_size) > self.num_free_blocks
-
-    def num_blocks_of(self, seq: int) -> int:
-        return len(self._seqs[seq].table)
-
-    def steps_from_free(
-        self, seqs: Sequence[tuple[int, int, int]], limit: int, evict: bool = False
-    ) -> int:
-        """The most steps (up to ``limit``) in which each ``(seq, computed, per_step)`` grows
-        ``per_step`` tokens a step with the blocks it lacks all taken from free ones (no
-        cached block evicted); ``evict``: from free ones and then cached ones, evicted as
-        ``grow`` does (each eviction frees the block and its holders' deeper ones, all
-        cached: every block grown takes one from free plus cached, and no more)."""
-        bs = self.block_size
-        needs: list[int] = []  # the step that needs each new block, one entry per block
-        for seq, computed, n in seqs:
-            reserved = len(self._seqs[seq].table) * bs
-            if n == 1:
-                needs.extend(range(reserved - computed + 1, limit + 1, bs))
-                continue
-            for j in range(1, limit + 1):
-                end = computed + n * j
-                while end > reserved:
-                    needs.append(j)
-                    reserved += bs
-        free = self.pool.num_free + (self.pool.num_cached if evict else 0)
-        if len(needs) <= free:
-            return limit
-        needs.sort()
-        return needs[free] - 1  # the step before the first block beyond the free ones
+        return StartNeed(need, pinned, tuple(hashes))
 
     def _allocate_plain(
         self, tokens: Sequence[int], budget: int, root: int = ROOT_HASH
@@ -401,16 +369,11 @@ class KvManager:
         seq: int,
         tokens: Sequence[int],
         num_computed: int,
-        evicted_after: Mapping[int, int] | None = None,
-        step: int = 0,
         chain: BlockChain | None = None,
     ) -> None:
         """``seq`` now holds ``tokens[:num_computed]``: hash (and cache) its new full blocks.
-
-        ``evicted_after`` (a steady run's hashes, taken after its grows): the step at which
-        each cache entry was evicted; one evicted after ``step`` still held its hash then,
-        so the new block does not become the entry, as one by one. ``chain``: the hashes of
-        ``tokens``' blocks kept with them (the same as hashed here), extended as needed."""
+        ``chain``: the hashes of ``tokens``' blocks kept with them (the same as hashed here),
+        extended as needed."""
         if not self.enable_prefix_cache:
             return
         st = self._seqs[seq]
@@ -421,7 +384,7 @@ class KvManager:
         hashes, table, entries = st.hashes, st.table, self.cache.entries
         if chain is not None:
             chain.upto(tokens, bs, n_full)
-            self._register(st, chain.hashes, chain.keys, n_full, evicted_after, step)
+            self._register(st, chain.hashes, chain.keys, n_full)
             return
         parent = hashes[-1] if hashes else st.root
         for i in range(len(hashes), n_full):
@@ -430,8 +393,6 @@ class KvManager:
             hashes.append(parent)
             # ``self.cache.register(block, parent, key)``, inline: every full block passes here.
             block = table[i]
-            if evicted_after is not None and evicted_after.get(parent, 0) > step:
-                continue
             if block.hash is None and parent not in entries:
                 block.hash = parent
                 block.key = key
@@ -443,8 +404,6 @@ class KvManager:
         chain_hashes: list[int],
         chain_keys: list[BlockKey],
         n_full: int,
-        evicted_after: Mapping[int, int] | None,
-        step: int,
     ) -> None:
         """``commit``'s registration of ``st``'s blocks up to ``n_full``, their hashes and keys
         taken from a chain."""
@@ -453,8 +412,6 @@ class KvManager:
             h = chain_hashes[i]
             hashes.append(h)
             block = table[i]
-            if evicted_after is not None and evicted_after.get(h, 0) > step:
-                continue
             if block.hash is None and h not in entries:
                 block.hash = h
                 block.key = chain_keys[i]
@@ -560,7 +517,7 @@ class KvManager:
     def _truncate_holder(self, seq: int, n_blocks: int) -> None:
         st = self._seqs[seq]
         self._truncate_op(seq, n_blocks * self.block_size)
-        entries, lru, free, log = self.cache.entries, self.pool.lru, self.pool.free, self.forget_log
+        entries, lru, free = self.cache.entries, self.pool.lru, self.pool.free
         for b in reversed(st.table[n_blocks:]):
             # Let go of ``b`` as a holder, and ``_release_block(b)`` if nobody holds it now,
             # inline: a reclaimed holder lets go of every block at once.
@@ -572,8 +529,6 @@ class KvManager:
                 h = b.hash
                 if h is not None:
                     del entries[h]
-                    if log is not None:
-                        log.append(h)
                     b.hash = None
                 b.key = None
                 b.n_active = 0
@@ -637,8 +592,6 @@ class KvManager:
         inline (a block is released per block ever reserved)."""
         if b.hash is not None:
             del self.cache.entries[b.hash]
-            if self.forget_log is not None:
-                self.forget_log.append(b.hash)
             b.hash = None
         b.key = None
         b.n_active = 0

@@ -36,7 +36,7 @@ another copy's destination) by an op of the same plan, and a destination is no s
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -92,7 +92,6 @@ class SlotManager:
         self.num_blocks = num_slots * (slot_tokens // block_size)
         self.queries = 0  # prompt tokens looked up in the prefix cache
         self.hits = 0  # of those, tokens found
-        self.forget_log: list[int] | None = None  # ``RunGrowth`` sets it; slots never evict
         self._ops: list[KvOp] = []
         self._pinned: set[int] = set()  # slots in a stream copy of the pending ops
         self._copied_into: set[int] = set()  # of those, the copies' destinations
@@ -296,21 +295,6 @@ class SlotManager:
         active = sorted(s for s in found if slots[s].role is SlotRole.ACTIVE)
         return _Hit(depth, (*holders, *active))
 
-    def start_stays_blocked(
-        self,
-        tokens: Sequence[int],
-        budget: int,
-        copy_from: tuple[int, int] | None = None,
-        evict: bool = False,
-        chain: BlockChain | None = None,
-    ) -> bool:
-        """Whether ``allocate`` fails now and goes on failing while the running sequences
-        only grow: growing never takes a slot, so it fails on and on only for want of one."""
-        return self.num_seqs_available == 0 or len(tokens) > self.slot_tokens
-
-    def restore_stays_blocked(self, tokens: Sequence[int], n_stashed: int, budget: int) -> bool:
-        return self.num_seqs_available == 0 or len(tokens) > self.slot_tokens
-
     def restore(
         self,
         key: str,
@@ -351,27 +335,14 @@ class SlotManager:
             slot.num_tokens = num_tokens
         return True
 
-    def steps_from_free(
-        self, seqs: Sequence[tuple[int, int, int]], limit: int, evict: bool = False
-    ) -> int:
-        """The most steps (up to ``limit``) in which each ``(seq, computed, per_step)`` grows
-        within its slot."""
-        steps = limit
-        for _, computed, n in seqs:
-            steps = min(steps, (self.slot_tokens - computed) // n)
-        return max(steps, 0)
-
     def commit(
         self,
         seq: int,
         tokens: Sequence[int],
         num_computed: int,
-        evicted_after: Mapping[int, int] | None = None,
-        step: int = 0,
         chain: BlockChain | None = None,
     ) -> None:
-        """``seq`` now holds ``tokens[:num_computed]``: hash and index its new full blocks.
-        (``evicted_after`` is the unified pool's; a slot evicts nothing.)"""
+        """``seq`` now holds ``tokens[:num_computed]``: hash and index its new full blocks."""
         if not self.enable_prefix_cache:
             return
         slot = self._slots[seq]

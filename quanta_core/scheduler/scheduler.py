@@ -20,7 +20,7 @@ once (the policy's ``on_submit``): start, queue, or reject, possibly shedding qu
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from quanta_core.clock import Clock
@@ -46,13 +46,6 @@ from quanta_core.requests import (
 from quanta_core.scheduler.admission import AdmissionDecision, AdmissionVerdict
 from quanta_core.scheduler.choice import Choice, ChoiceStatus
 from quanta_core.scheduler.config import SchedulerConfig, StepLimits
-from quanta_core.scheduler.decode_run import (
-    DecodeRun,
-    RunGrowth,
-    grow_and_hash,
-    prefill_chunks,
-    take_tokens,
-)
 from quanta_core.scheduler.handle import Event
 from quanta_core.scheduler.policies import make_policy
 from quanta_core.scheduler.policies.base import Policy, StartDecision, TenantStats
@@ -234,6 +227,11 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self._groups or self._cancels or self._release)
 
+    @property
+    def has_boundary_work(self) -> bool:
+        """Cancels to apply or samplers to release: the next cycle does more than step."""
+        return bool(self._cancels or self._release)
+
     def drain_events(self) -> list[Event]:
         events, self._events = self._events, []
         return events
@@ -392,7 +390,7 @@ class Scheduler:
             self._stash_bytes.pop(r.stash_key, None)
             r.restored_key, r.stash_key = r.stash_key, None
         else:
-            adm = self.kv.allocate(r.tokens, budget, self._copy_from(r), r.block_chain)
+            adm = self.kv.allocate(r.tokens, budget, self.copy_source(r), r.block_chain)
             if adm is None:
                 return None
         r.seq = adm.seq
@@ -408,9 +406,9 @@ class Scheduler:
         self._by_seq[adm.seq] = r
         return adm.num_new
 
-    def _copy_from(self, r: Choice) -> tuple[int, int] | None:
-        """The sibling sequence whose prompt ``r`` may copy: choice 0's, while it holds it
-        (not so after a crash or preemption)."""
+    def copy_source(self, r: Choice) -> tuple[int, int] | None:
+        """``(sequence, tokens)``: the sibling sequence whose prompt ``r`` may copy when it
+        starts: choice 0's, while it holds it (not so after a crash or preemption)."""
         parent = r.parent
         if parent is None or parent.seq is None:
             return None
@@ -474,158 +472,6 @@ class Scheduler:
             r.seq = None
         self._running.pop(r, None)
         self.policy.on_left_running(r)
-
-    # ---- steps in bulk (the simulator) ----
-
-    def steady_decodes(self, limit: int, evict: bool = False) -> DecodeRun | None:
-        """The next cycles, if nothing comes from outside, while their plans are certain:
-        every running request decodes one token a step in the same order, and one of them,
-        last in that order, may be prefilled a chunk of what the budget leaves a step (not
-        its last chunk); no KV op, nothing starts, finishes or is preempted
-        (``decode_run``). At most ``limit`` steps; ``None`` when fewer than two are certain.
-        ``evict``: its later steps may evict cached blocks at block boundaries (the caller
-        takes those with ``RunGrowth``), unless that could let a waiting request start.
-        Changes nothing."""
-        running, policy = self._running, self.policy
-        if self.token_events or self._cancels or self._release or not running:
-            return None
-        if self.kv.has_pending_ops:
-            return None  # they lead the next plan (a finish's truncation, say)
-        steps, max_seq = limit, self.max_seq_tokens
-        prefilling: Choice | None = None
-        for r in running:  # the cheap tests first: they fail most cycles that are not steady
-            n_tokens = len(r.tokens)
-            if r.siblings_blocked:
-                return None
-            if n_tokens - r.num_computed_tokens != 1:
-                if prefilling is not None:
-                    return None  # two prompts share what is left: step by step
-                prefilling = r
-                continue
-            if r.needs_replay or r.charged_input < r.prompt_len:
-                return None
-            # Its last token's step finishes it: that one is taken one by one.
-            steps = min(steps, min(r.prompt_len + r.max_tokens, max_seq) - n_tokens - 1)
-        if steps < 2 or not policy.steady_decodes(running):
-            return None
-        limits = policy.limits(running, self.base_limits)
-        order = policy.order_running(list(running))
-        n = len(order)
-        if n != len(running) or n > limits.token_budget or policy.make_room(running, limits):
-            return None
-        if any(policy.defers(r) for r in order):
-            return None
-        chunk = 1
-        if prefilling is not None:
-            # Last, it takes all the budget leaves (so nothing is admitted beside it); its
-            # last chunk samples and leaves budget over: that step is taken one by one.
-            chunk = limits.token_budget - (n - 1)
-            if order[-1] is not prefilling or chunk < 2:
-                return None
-            todo = prefilling.num_tokens - prefilling.num_computed_tokens
-            steps = min(steps, (todo - 1) // chunk)
-        elif policy.waiting:
-            holds = self._nothing_starts(n, limits)
-            if holds is None:
-                return None
-            evict = evict and holds
-            steps = policy.steady_held(running, steps)
-        if steps < 2:
-            return None
-        seqs = tuple(r.seq for r in order if r.seq is not None)
-        starts = tuple(r.num_computed_tokens for r in order)
-        per_step = list(zip(seqs, starts, [1] * (n - 1) + [chunk], strict=True))
-        free_steps = self.kv.steps_from_free(per_step, steps)
-        if evict and free_steps < steps:
-            steps = self.kv.steps_from_free(per_step, steps, evict=True)
-        else:
-            steps = free_steps
-        if steps < 2:
-            return None
-        sampled = order if chunk == 1 else order[:-1]
-        owners = tuple(r.owner for r in sampled)
-        return DecodeRun(tuple(order), seqs, starts, owners, steps, chunk, free_steps)
-
-    def _nothing_starts(self, n_decoding: int, limits: StepLimits) -> bool | None:
-        """Whether ``_start_waiting`` beside ``n_decoding`` decodes starts nobody, now and
-        while they only decode: ``None`` if not known; ``True`` if even when their growth
-        evicts cached blocks; ``False`` if only while it takes free ones (the head's
-        shortfall of blocks only grows then; an eviction may unpin its prefix hit's blocks:
-        ``KvManager.start_stays_blocked``)."""
-        budget = limits.token_budget - n_decoding
-        if budget <= 0 or len(self._running) >= limits.max_running:
-            return True
-        if self.kv.num_seqs_available <= 0:
-            return True  # an eviction turns a holder's id free: the count stays
-        r = self.policy.waiting.peek()
-        if r is None:
-            return True
-        room = self.policy.room(n_decoding, n_decoding)
-        allowed = budget if room is None else min(budget, room)
-        if allowed <= 0:
-            return True
-        decision = self.policy.may_start(r, self._running)
-        if decision is StartDecision.STOP:
-            return True
-        if decision is StartDecision.SKIP:
-            return None  # who comes after it is another question: not known to hold
-        if r.stash_key is not None:
-            # A restore needs fresh blocks, and every block grown takes one, evicted or free.
-            return (
-                True if self.kv.restore_stays_blocked(r.tokens, r.stash_tokens, allowed) else None
-            )
-        copy_from = self._copy_from(r)
-        chain = r.block_chain
-        if self.kv.start_stays_blocked(r.tokens, allowed, copy_from, evict=True, chain=chain):
-            return True
-        if self.kv.start_stays_blocked(r.tokens, allowed, copy_from, chain=chain):
-            return False
-        return None
-
-    def run_growth(self, run: DecodeRun) -> RunGrowth:
-        """The KV side of ``run``, a step at a time (a run whose later steps evict)."""
-        return RunGrowth(self.kv, run)
-
-    def run_decodes(
-        self,
-        run: DecodeRun,
-        steps: int,
-        tokens: Sequence[Sequence[int]],
-        ends: Sequence[float],
-        growth: RunGrowth | None = None,
-        seconds: Sequence[float] = (),
-    ) -> None:
-        """Take in ``steps`` (at most ``run.steps``) steps of ``run`` at once, as ``schedule``
-        and ``update`` one by one would have: ``tokens[i]`` are what ``run.choices[i]``
-        sampled (the decoding ones), one a step, the steps ending at ``ends``, each taking
-        ``seconds`` of the engine's time (for a policy that learns step costs; empty: not
-        known). No token may end a generation (the simulated engine never samples one).
-        ``growth``: the run's grows already made, step by step (``run_growth``)."""
-        if not 0 < steps <= run.steps or len(ends) != steps:
-            raise ValueError(f"{steps} steps ({len(ends)} ends) of a run of {run.steps}")
-        if seconds and len(seconds) != steps:
-            raise ValueError(f"{len(seconds)} step times for {steps} steps")
-        decoding = run.choices if run.chunk == 1 else run.choices[:-1]
-        eog = self.eog
-        for r, sampled in zip(decoding, tokens, strict=True):
-            if r.status is not _RUNNING or len(sampled) != steps:
-                raise RuntimeError(f"{r.owner} is not in the steady run it was handed")
-            take_tokens(r, sampled, ends, eog)
-        prefill, charges = None, []
-        if run.chunk > 1:
-            prefill = run.choices[-1]
-            charges = prefill_chunks(prefill, run.chunk, steps)
-        if growth is not None:
-            if growth.run is not run:
-                raise ValueError("the growth of another run")
-            growth.finish(steps)
-        elif run.free_steps is not None and steps > run.free_steps:
-            raise ValueError(f"{steps} steps of a run that evicts after {run.free_steps}")
-        else:
-            grow_and_hash(self.kv, run, steps)
-        self.policy.on_steady_steps(decoding, steps, prefill, charges, seconds)
-        if self.config.check_integrity:
-            self.check_integrity()
 
     # ---- results ----
 

@@ -8,7 +8,7 @@ from the cost model, and the "sampled" tokens are cheap and deterministic.
 real run's speed over time (``quanta sim --speed-profile``).
 
 Steps that only decode may also be taken in bulk (``decode_seconds`` then ``decode``, for
-the loop's ``Scheduler.steady_decodes`` runs): the same mirror, times and tokens as those
+the loop's ``steady.next_run`` runs): the same mirror, times and tokens as those
 steps one by one, without a plan per step. Not with ``speed``: it reads the clock per step.
 
 The executor does not move the clock: the event loop puts the step's end at

@@ -9,10 +9,10 @@
     StepDone(t)    clock := t; update(plan, result) → events handed out; StepStart at t
     Wake(t)        clock := t; the client's own action (next request of a user, a free slot)
 
-Steps that only decode are taken in bulk where the scheduler says the next plans are certain
-(``Scheduler.steady_decodes``): as many as end before the next event, with the same times,
-tokens and state as one by one (``bulk=False``: always one by one; ``quanta_core.scheduler
-.decode_run`` says when a run is certain and why it is the same).
+Steps that only decode are taken in bulk where the scheduler's next plans are certain
+(``steady.next_run``): as many as end before the next event, with the same times, tokens and
+state as one by one (``bulk=False``: always one by one; ``steady`` says when a run is
+certain, ``decode_run`` why taking it in at once is the same).
 
 As in ``Driver``: one step in flight at a time; a request that arrives during a step is
 submitted at its own time (admission sees the right clock and queue) and first planned at the
@@ -28,13 +28,15 @@ from collections.abc import Callable
 from quanta_core.clock import VirtualClock
 from quanta_core.engine.errors import EngineInputError
 from quanta_core.engine.protocol import Executor
-from quanta_core.engine.types import StepPlan, StepResult
+from quanta_core.engine.types import KvOp, StepPlan, StepResult
 from quanta_core.requests import ChoiceFinished, ChoiceResult, GenerationRequest
 from quanta_core.scheduler.handle import Event as SchedulerEvent
 from quanta_core.scheduler.scheduler import Scheduler
+from quanta_core.sim.decode_run import RunGrowth, take_run
 from quanta_core.sim.events import Arrival, EventQueue, StepDone, StepStart, Wake
 from quanta_core.sim.executor import SimExecutor
 from quanta_core.sim.server_cost import ServerCost
+from quanta_core.sim.steady import next_run
 
 OnFinished = Callable[[ChoiceResult], None]
 _Step = tuple[float, StepPlan, StepResult]  # a step in flight: when it ends, what it ran
@@ -151,7 +153,7 @@ class SimLoop:
         """The steady decode steps that end before the next event, taken at once; the time
         the last of them ends (``now`` if none)."""
         sched = self.scheduler
-        run = sched.steady_decodes(MAX_RUN_STEPS, evict=True)
+        run = next_run(sched, MAX_RUN_STEPS, evict=True)
         if run is None:
             return now
         server_s = self.server.decode_seconds(len(run.owners))
@@ -163,8 +165,9 @@ class SimLoop:
         # is taken, and their truncations run before the next step is priced (one by one,
         # a plan's ops run after the step they lead is priced, before the next).
         growth = None
+        ops: list[list[KvOp]] = []  # each step's, where a step may evict
         if run.free_steps is not None and run.free_steps < run.steps:
-            growth = sched.run_growth(run)
+            growth = RunGrowth(sched.kv, run)
         priced = executor.decode_seconds(run.seqs, run.chunk)
         seconds = next(priced)
         for j in range(1, run.steps + 1):
@@ -177,10 +180,10 @@ class SimLoop:
             now = end
             dropped = 0
             if growth is not None:
-                ops = growth.grow(j)
-                if ops:
+                ops.append(growth.grow(j))
+                if ops[-1]:
                     self.bulk_evictions += 1
-                    dropped = executor.apply_ops(ops)
+                    dropped = executor.apply_ops(ops[-1])
             if j == run.steps:
                 break
             seconds = priced.send(dropped)
@@ -191,7 +194,7 @@ class SimLoop:
         self.bulk_steps += len(ends)
         self.busy_s = busy
         self.clock.advance_to(now)
-        sched.run_decodes(run, len(ends), tokens, ends, growth, times)
+        take_run(sched, run, len(ends), tokens, ends, growth, times, ops)
         return now
 
     def _step_done(self, plan: StepPlan, result: StepResult, now: float) -> _Step | None:

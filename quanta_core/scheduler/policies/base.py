@@ -14,7 +14,8 @@ all are made by name in ``registry``. Hooks a policy may use, each a no-op here:
     room            how many tokens one more slice may take (after the running ones)
     on_progress     tokens computed and sampled for a request (fairness charging)
     on_left_running / on_finished / on_step     bookkeeping
-    steady_decodes  whether steps that only decode may be taken in bulk (the simulator)
+    steady_steps    how many of the next decode-only steps leave its answers as they are
+                    (the simulator takes those in bulk)
 """
 
 from __future__ import annotations
@@ -128,43 +129,16 @@ class Policy(ABC):
     def on_step(self, plan: StepPlan, result: StepResult) -> None:  # noqa: B027
         """A step ran (for cost models)."""
 
-    def steady_decodes(self, running: Collection[Choice]) -> bool:
-        """Whether this policy's answers hold still while ``running`` only decodes: so long
-        as every running request gets one token a step and nothing else happens (no arrival,
-        start, finish, preemption, cancel), ``begin_cycle``, ``limits``, ``make_room``,
-        ``order_running``, ``defers``, ``room`` and ``may_start`` (of the queue's head, which
-        stays the head) give the same answers and change nothing, and the only bookkeeping
-        is ``on_progress`` (``on_step`` does nothing). Then the scheduler may take such steps
-        in bulk (``Scheduler.steady_decodes``). By default no: a policy that learns from
-        every step, or whose order moves with every token, runs step by step."""
-        return False
-
-    def steady_held(self, running: Collection[Choice], steps: int) -> int:
-        """Of the next ``steps`` cycles in which ``running`` only decodes, how many certainly
-        start nothing (the queue's head stays held; ``Scheduler.steady_decodes`` has checked
-        the first). By default all: a policy whose ``steady_decodes`` is true gives the same
-        answers all along."""
-        return steps
-
-    def on_steady_steps(
-        self,
-        decoding: Sequence[Choice],
-        steps: int,
-        prefill: Choice | None = None,
-        charges: Sequence[int] = (),
-        seconds: Sequence[float] = (),
-    ) -> None:
-        """``steps`` steps in bulk, each sampling one token for every one of ``decoding`` (in
-        this order) and computing ``charges[j]`` new prompt tokens of ``prefill`` in step
-        ``j``, step ``j`` taking ``seconds[j]`` (the engine's timing, as ``on_step`` would
-        read it): ``on_progress`` as those steps one by one would have called it."""
-        if type(self).on_progress is Policy.on_progress:
-            return  # nothing to charge
-        for j in range(steps):
-            for r in decoding:
-                self.on_progress(r, 0, 1)
-            if prefill is not None and charges[j]:
-                self.on_progress(prefill, charges[j], 0)
+    def steady_steps(self, running: Collection[Choice], steps: int) -> int:
+        """Of the next ``steps`` cycles in which ``running`` only decodes (every running
+        request gets one token a step; no arrival, start, finish, preemption or cancel),
+        how many certainly leave this policy's answers as they are: ``begin_cycle``,
+        ``limits``, ``make_room``, ``order_running``, ``defers``, ``room`` and ``may_start``
+        (of the queue's head, which stays the head) give the same answers and change
+        nothing, and its only bookkeeping is ``on_progress`` and ``on_step``. The simulator
+        takes those steps in bulk (``quanta_core.sim.steady``). By default none: a policy
+        whose order moves with every token runs step by step."""
+        return 0
 
     def after_warm_up(self, tenant: str) -> None:  # noqa: B027
         """The warm-up workload (``tenant``'s) is done: keep what it taught of step costs,

@@ -20,8 +20,8 @@ class SequentialPolicy(Policy):
             return StartDecision.START
         return StartDecision.STOP
 
-    def steady_decodes(self, running: Collection[Choice]) -> bool:
-        return True  # no state: its answer depends on the running set alone
+    def steady_steps(self, running: Collection[Choice], steps: int) -> int:
+        return steps  # no state: its answer depends on the running set alone
 
 
 class StaticPolicy(Policy):
@@ -51,9 +51,9 @@ class StaticPolicy(Policy):
     def on_started(self, r: Choice) -> None:
         self._batch.add(r.request_id)
 
-    def steady_decodes(self, running: Collection[Choice]) -> bool:
+    def steady_steps(self, running: Collection[Choice], steps: int) -> int:
         # Once the batch has formed, ``begin_cycle`` changes nothing until it has run out.
-        return not self._forming
+        return 0 if self._forming else steps
 
 
 class FcfsPolicy(Policy):
@@ -65,5 +65,5 @@ class FcfsPolicy(Policy):
     def may_start(self, r: Choice, running: Collection[Choice]) -> StartDecision:
         return StartDecision.START
 
-    def steady_decodes(self, running: Collection[Choice]) -> bool:
-        return True  # no state: every answer is fixed, the queue's order is arrival
+    def steady_steps(self, running: Collection[Choice], steps: int) -> int:
+        return steps  # no state: every answer is fixed, the queue's order is arrival

@@ -115,10 +115,10 @@ class VtcPolicy(Policy):
     def after_warm_up(self, tenant: str) -> None:
         self.counters.forget(tenant)
 
-    def steady_decodes(self, running: Collection[Choice]) -> bool:
+    def steady_steps(self, running: Collection[Choice], steps: int) -> int:
         # Tokens move the counters, and the counters pick the tenant whose head is next:
         # steady only while at most one tenant waits (its head stays the head).
-        return len(self.queue.tenants()) <= 1
+        return steps if len(self.queue.tenants()) <= 1 else 0
 
     def tenant_stats(self, running: Collection[Choice]) -> tuple[TenantStats, ...]:
         return tuple(tenant_rows(self.counters, self.queue, running, "all"))

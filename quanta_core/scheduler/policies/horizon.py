@@ -30,7 +30,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection
 
 from quanta_core.engine.types import StepPlan, StepResult
 from quanta_core.predictor import LengthPredictor
@@ -107,19 +107,17 @@ class HorizonPolicy(VtcPolicy):
 
     # ---- steps in bulk (the simulator) ----
 
-    def steady_decodes(self, running: Collection[Choice]) -> bool:
-        # While every running stream decodes, each gets its token whatever the step-cost
-        # model learns (the budget is never below the running set); a prompt's chunk is
-        # sized by it, so a prefill runs step by step. Waiting requests' keys stay put
-        # (they have generated nothing); VTC's rule: one tenant waiting at most.
+    def steady_steps(self, running: Collection[Choice], steps: int) -> int:
+        """While every running stream decodes, each gets its token whatever the step-cost
+        model learns (the budget is never below the running set); a prompt's chunk is sized
+        by it, so a prefill runs step by step. Waiting requests' keys stay put (they have
+        generated nothing); VTC's rule: one tenant waiting at most. And the gate's answer for
+        the queue's head after each step: the first cycle at which it would admit it ends
+        the run (the running set nearer its projected ends, the same predictor looked
+        ahead)."""
         if any(_prefilling(r) for r in running):
-            return False
-        return super().steady_decodes(running)
-
-    def steady_held(self, running: Collection[Choice], steps: int) -> int:
-        """The gate's answer for the queue's head after each of the next steps: the first
-        cycle at which it would admit it ends the run (the running set nearer its projected
-        ends, the same predictor looked ahead)."""
+            return 0
+        steps = super().steady_steps(running, steps)
         head = self.queue.peek()
         if head is None:
             return steps
@@ -132,22 +130,6 @@ class HorizonPolicy(VtcPolicy):
             if peak_blocks_of(demands, gate.block_size) <= gate.capacity_blocks:
                 return j
         return steps
-
-    def on_steady_steps(
-        self,
-        decoding: Sequence[Choice],
-        steps: int,
-        prefill: Choice | None = None,
-        charges: Sequence[int] = (),
-        seconds: Sequence[float] = (),
-    ) -> None:
-        super().on_steady_steps(decoding, steps, prefill, charges, seconds)
-        n = len(decoding)
-        # the tokens are taken in: step j's decodes attended their lengths then, each
-        # ``steps - j`` short of its length now
-        held = sum(r.num_tokens for r in decoding)
-        for j, s in enumerate(seconds):  # as ``on_step`` of each (decodes only, no prefill)
-            self.cost.observe(n, n, s, (held - n * (steps - j)) / 1000)
 
     def on_step(self, plan: StepPlan, result: StepResult) -> None:
         seconds = result.timings.total_s or result.timings.engine_s
