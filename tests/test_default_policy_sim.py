@@ -16,7 +16,7 @@ from quanta_core.workload.lengths import DistKind, LengthDist
 from quanta_core.workload.loader import preset
 
 
-@pytest.mark.parametrize("slower", [1.6, 2.0])
+@pytest.mark.parametrize("slower", [1.6, 2.0, 2.5, 3.0])
 def test_twenty_at_once_on_a_slower_machine_nobody_waits_for_a_free_slot(slower: float) -> None:
     # Twenty people at once (32-token prompts, 128-token answers): the last first token comes
     # while the first answers are still far from done, not once they end and free a slot.

@@ -732,3 +732,49 @@ def test_aged_batch_goes_ahead_of_other_batch_never_ahead_of_interactive() -> No
 
     assert first_tokens(math.inf) == ["a0", "i1", "b1", "a1"]  # VTC: the lower counter
     assert first_tokens(0.05) == ["a0", "i1", "a1", "b1"]  # aged: the oldest, after i1
+
+
+def test_batch_alone_runs_at_the_inter_token_size_leaving_the_reserve() -> None:
+    # No interactive request, so no step is paced: only the running cap keeps batch to the
+    # set an interactive arrival would find within its inter-token target.
+    config = SloConfig()
+    h = Harness.make(FakeExecutor(n_seq_max=64), policy="quanta", max_running=256, slo=config)
+    for k in range(40):
+        h.submit(f"b{k}", prompt(8, base=100 + 10 * k), max_tokens=20, slo_class=BATCH)
+    assert max_running(h) == cost_cap(config, 64) - config.interactive_reserve < 39
+
+
+def test_running_batch_decodes_yield_the_step_to_an_interactive_prefill() -> None:
+    # Four batch streams decode; an interactive prompt arrives: its first chunk takes the
+    # whole token budget and batch gets what is left (nothing), not the step's first tokens.
+    budget = 64
+    cfg = SloConfig(burst_window_s=0.0)
+    h = Harness.make(
+        FakeExecutor(n_seq_max=64), policy="quanta", max_running=16, token_budget=budget, slo=cfg
+    )
+    for k in range(4):
+        h.submit(f"b{k}", prompt(8, base=100 + 10 * k), max_tokens=50, slo_class=BATCH)
+    for _ in range(3):
+        h.cycle()
+    h.submit("i", prompt(200, base=500), max_tokens=5, slo_class=INTER)
+    chunk = {s.owner: len(s.tokens) for s in h.cycle().slices}
+    assert chunk == {"i/0": budget}
+
+
+def test_running_batch_does_not_count_against_an_interactive_arrival() -> None:
+    # Three long batch jobs hold three of four slots; six short interactive prompts arrive
+    # under sustained load: projected behind interactive work only (batch is preempted for
+    # them), all six meet the target, as if the batch were not there.
+    cfg = SloConfig(
+        interactive_ttft_s=1.0, burst_window_s=0.0, load_window_s=INSTANT, load_min_s=INSTANT
+    )
+    h = Harness.make(FakeExecutor(n_seq_max=64), policy="quanta", max_running=4, slo=cfg)
+    for k in range(3):
+        h.submit(f"b{k}", prompt(64, base=100 + k), max_tokens=200, slo_class=BATCH)
+    for _ in range(5):
+        h.cycle()
+    for k in range(6):
+        h.submit(f"i{k}", prompt(8, base=400 + 10 * k), max_tokens=8, slo_class=INTER)
+    h.run()
+    served = [r for (rid, _), r in h.results().items() if rid.startswith("i")]
+    assert len(served) == 6 and all(r.finish_reason is FinishReason.LENGTH for r in served)
