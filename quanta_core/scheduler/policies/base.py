@@ -2,20 +2,25 @@
 
 A policy decides the waiting queue's order, whether the next request may be admitted now, and
 whom to evict when memory runs out. It never touches KV memory; the scheduler does, with the
-same code for every policy. The fair policies (``vtc``, ``slo``) live in ``fair_policies``;
-all are made by name in ``registry``. Hooks a policy may use, each a no-op here:
+same code for every policy. ``baselines`` holds ``sequential``, ``static`` and ``fcfs``;
+``fair`` holds ``vtc`` and ``slo``; ``horizon`` and ``quanta`` have a module each (``quanta``'s
+rules: docs/policies.md); all are made by name in the package's ``make_policy``.
 
-    set_pool        the KV pool's size, once (``policies.memory.MemoryGate`` needs it)
-    set_predictor   the scheduler's output-length predictor, once
+The decisions, in the order of a cycle (each a no-op or the configured value here):
+
     on_submit       START / QUEUE / REJECT a new request (and shed queued ones)
+    begin_cycle     first in each cycle (aging, the calm-burst clock)
     limits          this cycle's running-count and token caps
     make_room       running requests to preempt now, for waiting ones that go first
     order_running / defers     who of the running gets tokens first; who goes after admission
+    may_start       whether the waiting head starts now (abstract)
     room            how many tokens one more slice may take (after the running ones)
-    on_progress     tokens computed and sampled for a request (fairness charging)
-    on_left_running / on_finished / on_step     bookkeeping
-    steady_steps    how many of the next decode-only steps leave its answers as they are
-                    (the simulator takes those in bulk)
+    pick_victim     whom to evict when a block is short
+
+The books (what happened): on_started, on_progress, on_left_running, on_finished, on_step;
+set-up: set_pool, set_predictor (once), after_warm_up; reports: tenant_stats;
+steady_steps: how many of the next decode-only steps leave its answers as they are (the
+simulator takes those in bulk).
 """
 
 from __future__ import annotations
