@@ -33,7 +33,7 @@ from app.db.migrate import upgrade
 from app.db.models import ApiKey, QuotaPolicy, Tenant
 from app.server.settings import Settings
 from app.tenancy.keys import KeyHasher, new_key_value, prefix_of
-from app.tenancy.limits import Ask
+from app.tenancy.quotas import Ask
 from app.tenancy.service import Outcome, Tenancy
 
 SECRET = "bench-secret-0123456789abcdefghijklmnop"

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from app.openai.choices import ChoiceText, Piece, ToolCall
-from app.openai.sampling import PromptPlan
+from app.openai.prompt_plan import PromptPlan
 from app.openai.schemas import PromptTokensDetails, ServerTiming, Usage
 from app.openai.stop import StopMatcher
 from app.server.context import RequestContext

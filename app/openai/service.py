@@ -12,8 +12,8 @@ from litestar.types import Receive
 
 from app.openai.disconnect import unless_disconnected
 from app.openai.generation import Generation, Update
+from app.openai.prompt_plan import PromptPlan, chat_plan, completion_plan
 from app.openai.render import ChatRenderer, Collected, CompletionRenderer, Header, Renderer
-from app.openai.sampling import PromptPlan, chat_plan, completion_plan
 from app.openai.schemas import ChatCompletionRequest, CompletionRequest
 from app.openai.streaming import event_stream
 from app.openai.tool_parser import with_tool_calls
@@ -22,7 +22,7 @@ from app.server.core import Core
 from app.server.errors import ModelNotFound
 from app.server.metrics import Metrics
 from app.server.state import ServerState
-from app.tenancy.limits import Ask
+from app.tenancy.quotas import Ask
 
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 

@@ -166,7 +166,7 @@ def _finish_operation(path: str, method: str, op: dict[str, Any]) -> None:
         statuses |= {401, 503}
     elif path.startswith("/v1/") or path in _TOKENIZER:
         op["security"] = [{"apiKey": []}]
-        statuses |= {401, 403, 429, 503}  # 429: unknown keys (app/tenancy/auth_guard.py)
+        statuses |= {401, 403, 429, 503}  # 429: unknown keys (app/tenancy/key_flood.py)
     if path in _COMPLETIONS:
         statuses |= {404, 429, 500}  # 404: the model
     if (method, path) in _CONFLICTS:

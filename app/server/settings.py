@@ -252,7 +252,7 @@ class Settings(BaseSettings):
         default=30.0, ge=0, description="on SIGINT/SIGTERM: how long in-flight requests may finish"
     )
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024, description="larger is a 413")
-    # A flood of made-up keys costs at most these database lookups (app/tenancy/auth_guard.py);
+    # A flood of made-up keys costs at most these database lookups (app/tenancy/key_flood.py);
     # known keys never wait on them.
     auth_failures_per_minute: int = Field(
         default=60,

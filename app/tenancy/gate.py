@@ -26,7 +26,7 @@ from litestar.middleware import AbstractAuthenticationMiddleware, Authentication
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.server.http_protocol import connection_closing
-from app.tenancy.limits import Ask
+from app.tenancy.quotas import Ask
 from app.tenancy.service import Principal, Reservation, Served, Tenancy
 
 # What the handler leaves for ``tenancy_middleware`` in the scope's state: the response's

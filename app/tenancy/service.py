@@ -1,7 +1,7 @@
 """``Tenancy``: who is asking, may they, and what did they use — without waiting on the DB.
 
     authenticate(header)  HMAC → Directory (memory)        401 / 403, or a Principal
-                          an unknown key: AuthGuard, then one DB lookup   429 / 401
+                          an unknown key: KeyFloodBound, then one DB lookup   429 / 401
     reserve(principal, …) Limiter.check, then .charge       429, or a Reservation
                           (fleet quotas: a grant first where this replica holds too little)
     Reservation.more(n)   output past the reservation, charged as it comes (memory)
@@ -34,10 +34,10 @@ from app.db.migrate import check_at_head
 from app.db.models import AdminCredential, ApiKey, AuditEntry, DailyUsage, UsageRecord
 from app.server.errors import DatabaseUnavailable, InvalidApiKey, RateLimited, TenantSuspended
 from app.server.settings import Settings
-from app.tenancy.auth_guard import AuthGuard, retry_after_s
 from app.tenancy.directory import Directory, KeyView, TenantView
 from app.tenancy.fleet import Fleet, FleetConfig
 from app.tenancy.journal import Journal
+from app.tenancy.key_flood import KeyFloodBound, retry_after_s
 from app.tenancy.keys import (
     KeyHasher,
     prepare_data_dir,
@@ -47,8 +47,8 @@ from app.tenancy.keys import (
 )
 from app.tenancy.ledger import PARTIAL, LedgerWriter, UsageRow, close_interrupted, utc_day
 from app.tenancy.limiter import MINUTE, Charge, Limiter, Remaining, Scope
-from app.tenancy.limits import UNLIMITED, Ask, Denial, duration
 from app.tenancy.listener import TenancyListener
+from app.tenancy.quotas import UNLIMITED, Ask, Denial, duration
 
 log = logging.getLogger("quanta.tenancy")
 
@@ -175,7 +175,7 @@ class Tenancy:
         self.ledger = LedgerWriter(self.sessions, clock=clock, journal=journal)
         self.admin_hash: str | None = None
         self._unknown: dict[str, float] = {}
-        self.guard = AuthGuard(
+        self.key_flood = KeyFloodBound(
             settings.auth_failures_per_minute, settings.unknown_key_lookups_per_s
         )
         self.fleet: Fleet | None = None
@@ -327,12 +327,12 @@ class Tenancy:
 
     async def authenticate(self, authorization: str | None, client: str = "") -> Principal:
         """The key's Principal, or 401/403; ``client`` (its address) bounds what failures
-        cost (``AuthGuard``)."""
+        cost (``KeyFloodBound``)."""
         now = self.clock()
         try:
             return await self._authenticate(authorization, client, now)
         except InvalidApiKey:
-            self.guard.failed(client, now)
+            self.key_flood.failed(client, now)
             raise
 
     async def _authenticate(self, authorization: str | None, client: str, now: float) -> Principal:
@@ -361,12 +361,12 @@ class Tenancy:
 
     async def _find_new(self, hashed: str, client: str, now: float) -> KeyView | None:
         """A key created outside this process (the CLI): one DB lookup, negatively cached,
-        within the guard's bounds."""
+        within the key-flood bounds."""
         if self._unknown.get(hashed, 0.0) > now:
             return None
-        wait = self.guard.blocked_for(client, now)
+        wait = self.key_flood.blocked_for(client, now)
         if wait is None:
-            wait = self.guard.take_lookup(now)
+            wait = self.key_flood.take_lookup(now)
         if wait is not None:
             raise too_many_failures(wait)
         async with self.sessions() as session:
