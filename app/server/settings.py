@@ -233,7 +233,9 @@ class Settings(BaseSettings):
         default=_SLO.batch_deadline_s, gt=0, description="batch: completion deadline"
     )
     batch_aging_s: float = Field(
-        default=_SLO.batch_aging_s, ge=0, description="batch waiting this long goes first"
+        default=_SLO.batch_aging_s,
+        ge=0,
+        description="batch waiting this long is promoted (quanta: ahead of other batch only)",
     )
     # Queue bounds: waiting requests, and their prompt tokens, per class and in all. Unset: the
     # core's defaults, which are sized for QUEUE_SLOTS running slots, scaled with the running
