@@ -11,7 +11,7 @@ from litestar.response import Stream
 from litestar.types import Receive
 
 from app.openai.disconnect import unless_disconnected
-from app.openai.generation import Generation, Update
+from app.openai.generation import Generation, Update, core_request
 from app.openai.prompt_plan import PromptPlan, chat_plan, completion_plan
 from app.openai.render import ChatRenderer, Collected, CompletionRenderer, Header, Renderer
 from app.openai.schemas import ChatCompletionRequest, CompletionRequest
@@ -83,16 +83,15 @@ class CompletionService:
     ) -> tuple[Generation, AsyncIterator[Update]]:
         """Admit and start ``plan`` (quotas, then the core: a refusal raises here, before
         any body); its updates, with tool calls read out when it has tools."""
-        logprobs = plan.sampling.logprobs is not None
-        generation = Generation(core, plan, n, ctx, self._metrics, logprobs=logprobs)
+        request = core_request(core, plan, n, ctx)
+        meter = None
         if ctx.gate is not None:  # 429 here, before anything reaches the core
-            likely = core.likely_output(generation.request) if core.likely_output else None
-            await ctx.gate.reserve(Ask(len(plan.prompt_tokens), plan.max_tokens, n, likely))
-            ctx.gate.bind(generation)
-            generation.on_sent = ctx.gate.sent
-            generation.allows = ctx.gate.allows
-        if ctx.record is not None:
-            ctx.record.served = generation
+            likely = core.likely_output(request) if core.likely_output else None
+            meter = await ctx.gate.reserve(Ask(len(plan.prompt_tokens), plan.max_tokens, n, likely))
+            if ctx.record is not None:
+                ctx.record.meter = meter
+        logprobs = plan.sampling.logprobs is not None
+        generation = Generation(core, plan, request, ctx, self._metrics, meter, logprobs=logprobs)
         generation.start()
         updates = generation.updates()
         if plan.tools is not None:
