@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.tenancy.limits import Limits
+from app.tenancy.quotas import Limits
 
 MINUTE = 60.0
 FORGET_S = 120.0  # rows older than this no longer count: deleted

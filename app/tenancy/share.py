@@ -21,7 +21,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 
-from app.tenancy.limits import Limits
+from app.tenancy.quotas import Limits
 
 UNBOUNDED = sys.maxsize
 

@@ -2,8 +2,9 @@
 
 A policy decides the waiting queue's order, whether the next request may be admitted now, and
 whom to evict when memory runs out. It never touches KV memory; the scheduler does, with the
-same code for every policy. The fair policies (``vtc``, ``slo``) live in ``fair_policies``;
-all are made by name in ``registry``. Hooks a policy may use, each a no-op here:
+same code for every policy. The fair policies (``vtc``, ``slo``) live in ``fair`` (their
+counters in ``vtc``); all are made by name in this package's ``make_policy``. Hooks a
+policy may use, each a no-op here:
 
     set_pool        the KV pool's size, once (``policies.memory.MemoryGate`` needs it)
     set_predictor   the scheduler's output-length predictor, once
