@@ -111,6 +111,10 @@ class SloConfig:
     burst_quiet_s: float = 5.0
     burst_grace: float = math.inf
     burst_itl_s: float = 1.0  # while such a burst waits, steps may grow to this (smooth)
+    # While an interactive request waits for its first token below capacity, a step carries
+    # prefill up to this long, past the token budget (the ``quanta`` policy's first tokens
+    # first): the running streams' tokens ride along, a gap each no longer than this.
+    first_token_step_s: float = 1.0
     # The ``quanta`` policy's retry-after: when the projected first token, this fraction
     # later, is within the target. The projection errs both ways (the first-token
     # estimate's median absolute error is ~20 % in the scenario suite,

@@ -36,17 +36,24 @@ admission that answers at once) with these rules changed or added:
   fewer interactive streams than the inter-token-sized set) is queued, not refused: up to
   ``burst_grace`` targets late, by default bounded only by the queue (once it is served
   nobody waits behind it, so a refusal buys nothing). While any of it waits for a first
-  token, steps carry the full token budget and the running set may grow to what the cost
-  model's mean prices within ``burst_itl_s`` (still smooth: a token per such gap), so that the
-  twentieth person is not left behind a cap. Such a step may be long only as far as every
-  running interactive stream can absorb it and still end its answer within the inter-token
-  target on average (``_pace_s``: the steps after it priced as decode steps); once one of
-  it has waited half its first-token target it is owed that token, and steps may grow to
-  ``burst_itl_s`` whatever the pace (``_owed_s``: else, where decode steps alone come near
-  the target, it would wait for a free slot, as behind a fixed cap). A machine that
-  refused interactive work in the last ``burst_quiet_s`` is not calm: under sustained load
-  the target is the bound, the set keeps its inter-token size and prefill chunks fit the
-  inter-token target.
+  token the running set may grow to what the cost model's mean prices within
+  ``burst_itl_s`` (still smooth: a token per such gap), so that the twentieth person is not
+  left behind a cap. A machine that refused interactive work in the last ``burst_quiet_s``
+  is not calm: under sustained load the target is the bound, the set keeps its inter-token
+  size and prefill chunks fit the inter-token target.
+- First tokens first (``_first_token_budget``): while an interactive request waits for its
+  first token and the machine is not over capacity (a calm burst, or the admitted
+  interactive load below 1 and no refusal lately), a step carries the waiting prompts' tokens
+  up to ``first_token_step_s`` (past the token budget, up to the engine's pass), the
+  running streams' tokens riding along, earliest due first. A prompt of 1,000 tokens is
+  seconds of prefill on a CPU: paced for the running streams' inter-token average (small
+  chunks between decode-only steps) the later prompts of a burst crawled once the first
+  decoded, the last first token far behind a plain server's. Each step that carries a
+  chunk beside decodes is a pass more in the stream layout, so fewer, longer steps move the
+  prompts at nearly the engine's prefill rate;
+  the streams' gaps stay within ``first_token_step_s`` (smooth), not the inter-token
+  target, until the last waiting prompt has its first token. Batch prefill does not pad
+  such a step. Over capacity the inter-token target bounds every step.
 - Memory: a request starts only if the running set and it, each growing a token a step to
   its predicted end (the ``admission_quantile`` of its remaining length from the scheduler's
   length predictor), fit the KV pool at every future completion: ``horizon``'s MC-SF gate
@@ -147,56 +154,67 @@ class QuantaPolicy(SloPolicy):
         cap = self.running_cap(base, True, context) if self._burst else self._itl_cap
         self._cap = cap
         inter = [r for r in running if r.slo_class is _INTERACTIVE]
-        self._ttft_first = bool(self._burst)
         queued = len(self.queue.classes[_INTERACTIVE]) > 0
+        self._ttft_first = self._first_tokens_owed(inter, queued)
         self._batch_yields = queued or any(_prefilling(r) for r in inter)
         budget = base.token_budget
         if inter:
             # every running stream gets its token, and one arrival its first chunk if it fits
             n_seqs = max(len(running), min(len(running) + 1, cap))
-            step_s = self._itl_target
-            if self._ttft_first:
-                step_s = max(step_s, self._pace_s(inter, cap), self._owed_s())
-            if step_s < math.inf:
-                start = max((r.num_computed_tokens for r in running if _prefilling(r)), default=0)
-                budget = self.cost.max_tokens(n_seqs, step_s, base.token_budget, context, start)
-        self._limits = StepLimits(cap, budget)
+            start = max((r.num_computed_tokens for r in running if _prefilling(r)), default=0)
+            budget = self.cost.max_tokens(
+                n_seqs, self._itl_target, base.token_budget, context, start
+            )
+        if self._ttft_first:
+            budget = max(budget, self._first_token_budget(running, inter, base, context))
+        self._limits = StepLimits(cap, budget, base.pass_tokens)
         dues = self.admission.dues
         self._queued_due = min(
             (dues.get(r, math.inf) for r in self.queue.classes[_INTERACTIVE]), default=math.inf
         )
         return self._limits
 
-    def _pace_s(self, inter: Sequence[Choice], cap: int) -> float:
-        """The longest step after which every decoding interactive stream still ends its
-        answer within the inter-token target on average: its gaps so far, this step, and
-        its expected remaining tokens at the mean decode step of the set the queue brings."""
-        decoding = [r for r in inter if r.first_token is not None]
-        if not decoding:
-            return math.inf
-        n = min(cap, len(self._running) + len(self.queue.classes[_INTERACTIVE]))
-        step = self._mean.decode_step_s(max(n, 1), self._context)
-        allowed = math.inf
-        for r in decoding:
-            assert r.first_token is not None
-            left = self.admission.est.outputs_left(r)  # tokens still to come, this one too
-            gaps = r.num_output - 1 + left  # of the whole answer
-            spent = self._now - r.first_token
-            allowed = min(allowed, self._itl_target * gaps - spent - (left - 1) * step)
-        return allowed
+    def _first_tokens_owed(self, inter: Sequence[Choice], queued: bool) -> bool:
+        """First tokens first: an interactive request waits for its first token (queued, or
+        its prompt in progress) and the machine is not over capacity (a calm burst, or the
+        interactive work admitted lately below what the engine serves, and no refusal in
+        the last ``burst_quiet_s``)."""
+        if not queued and not any(r.first_token is None for r in inter):
+            return False
+        if self._burst:
+            return True
+        if self._now - self._refused_at < self.config.burst_quiet_s:
+            return False
+        return self.load.load(self._now) < 1.0
 
-    def _owed_s(self) -> float:
-        """How long a step may be for a burst request still queued at half its first-token
-        target: the smooth gap (``burst_itl_s``), or 0 while none is. Its first token is
-        owed: held back for the running streams' inter-token average, it would wait behind
-        them for a free slot (a machine slower than the cost model's prior, or loaded, puts
-        every decode step near the target and leaves no slack to pace with), while one
-        longer step costs each of them one gap under the smooth bound."""
-        half = self.config.interactive_ttft_s / 2
-        for r in self.queue.classes[_INTERACTIVE]:
-            if r in self._burst and self._now - r.arrival >= half:
-                return self.config.burst_itl_s * self.config.grow_headroom
-        return 0.0
+    def _first_token_budget(
+        self,
+        running: Collection[Choice],
+        inter: Sequence[Choice],
+        base: StepLimits,
+        context: float,
+    ) -> int:
+        """The tokens of a step while first tokens are owed: the running sequences' tokens
+        and the interactive prompts still to compute (running and queued), up to what a
+        step of ``first_token_step_s`` holds, or the engine's pass (``pass_tokens``). Batch
+        prefill does not pad such a step: it is what the waiting prompts need.
+
+        Why: on a CPU a prompt of 1,000 tokens takes seconds, so a prefill paced for the
+        running streams' inter-token target (chunks between decode steps) leaves the later
+        prompts of a burst crawling once the first decode. In the stream layout every step
+        that carries a chunk beside decodes costs one pass more, and a decode-only step
+        moves no prompt forward: the prompts waiting are best served by long steps that
+        carry them, the decodes riding along (each stream still a token a step, a gap no
+        longer than ``first_token_step_s``), earliest due first (``_run_order``)."""
+        n_seqs = max(len(running), 1)
+        need = sum(r.num_tokens - r.num_computed_tokens for r in inter if _prefilling(r))
+        need += sum(r.num_tokens for r in self.queue.classes[_INTERACTIVE])
+        need += sum(1 for r in running if not _prefilling(r))
+        start = max((r.num_computed_tokens for r in inter if _prefilling(r)), default=0)
+        most = self.cost.max_tokens(
+            n_seqs, self.config.first_token_step_s, base.most_tokens, context, start
+        )
+        return min(need, most)
 
     def room(self, n_seqs: int, n_tokens: int) -> int | None:
         if self._ttft_first or not any(r.slo_class is _INTERACTIVE for r in self._running):
