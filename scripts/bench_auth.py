@@ -33,8 +33,9 @@ from app.db.migrate import upgrade
 from app.db.models import ApiKey, QuotaPolicy, Tenant
 from app.server.settings import Settings
 from app.tenancy.keys import KeyHasher, new_key_value, prefix_of
-from app.tenancy.limits import Ask
-from app.tenancy.service import Outcome, Tenancy
+from app.tenancy.meter import Run
+from app.tenancy.quotas import Ask
+from app.tenancy.service import Tenancy
 
 SECRET = "bench-secret-0123456789abcdefghijklmnop"
 OUT = Path("bench/results/auth.json")
@@ -119,28 +120,13 @@ def summary(ns: list[int]) -> dict[str, float]:
     }
 
 
-class _Whole:
-    """A request served whole, in writes that all reached its client."""
-
-    writing = False
-
-    def __init__(self, out: Outcome) -> None:
-        self._out = out
-
-    def outcome(self, ahead: bool = False) -> Outcome:
-        return self._out
-
-    def written(self, reached: bool) -> None:
-        pass
-
-
 async def measure(settings: Settings, values: list[str], n: int, seed: int) -> dict[str, Any]:
     tenancy = Tenancy(settings)
     started = time.perf_counter()
     await tenancy.start()
     load_s = time.perf_counter() - started
     rng = random.Random(seed)
-    served = _Whole(Outcome("completed", 100, 0, 50))
+    run = Run("completed", 100)  # a request served whole, in a write that reached its client
     auth_ns, admit_ns, settle_ns, total_ns = [], [], [], []
     clock = time.perf_counter_ns
     for i in range(n + n // 10):
@@ -148,11 +134,13 @@ async def measure(settings: Settings, values: list[str], n: int, seed: int) -> d
         t0 = clock()
         principal = await tenancy.authenticate(header)
         t1 = clock()
-        reservation = await tenancy.reserve(principal, f"req-{i}", Ask(100, 256))
+        meter = await tenancy.reserve(principal, f"req-{i}", Ask(100, 256))
         tenancy.headers(principal)
         t2 = clock()
-        reservation.bind(served)
-        reservation.close()
+        meter.running(run)
+        meter.sending(50)
+        meter.written(True)
+        meter.close()
         t3 = clock()
         if i >= n // 10:  # the first tenth warms up
             auth_ns.append(t1 - t0)

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Bad-key flood benchmark: what a flood of made-up API keys costs, and whether it slows a
-good key, with the unknown-key guard (app/tenancy/auth_guard.py) at its defaults and with it
+good key, with the unknown-key guard (app/tenancy/key_flood.py) at its defaults and with it
 opened wide (every unknown key one database lookup, as without a guard).
 
 A real migrated SQLite file and ``Tenancy`` (no HTTP: the figures are the authentication's

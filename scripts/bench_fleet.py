@@ -6,7 +6,7 @@
     .venv/bin/python -m scripts.bench_fleet small      300 tokens/min, chats without max_tokens
     .venv/bin/python -m scripts.bench_fleet kill       a replica kill -9'ed mid-load
     .venv/bin/python -m scripts.bench_fleet pg         PostgreSQL restarted mid-load
-    .venv/bin/python -m scripts.bench_fleet spill      one replica full, the others idle
+    .venv/bin/python -m scripts.bench_fleet spill      2 replicas: one full, the other idle
     .venv/bin/python -m scripts.bench_fleet weights    tenants of weights 1 and 2
 
 Each starts its own fleet (``LocalFleet``: PostgreSQL, replicas, Envoy) in a temporary
@@ -25,7 +25,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +61,9 @@ class Call:
     upstream: str | None = None
     retry_after: str | None = None
     error: str | None = None
+    first_at: float | None = None  # the first chunk with usage (the prompt is served)
+    # (time received, output tokens): each chunk's new output, as its usage counted it
+    served: list[tuple[float, int]] = field(default_factory=list)
 
 
 class Run:
@@ -74,7 +77,9 @@ class Run:
     def now(self) -> float:
         return time.monotonic() - self.t0
 
-    async def tenant(self, name: str, weight: float = 1.0, **quota: int) -> tuple[str, str]:
+    async def tenant(
+        self, name: str, weight: float = 1.0, slo_class: str = "interactive", **quota: int
+    ) -> tuple[str, str]:
         base = self.fleet.url
         t = await self.http.post(
             f"{base}/admin/v1/tenants", json={"name": name, "weight": weight}, headers=self.admin
@@ -85,7 +90,9 @@ class Run:
                 f"{base}/admin/v1/tenants/{tid}/quota", json=quota, headers=self.admin
             )
             r.raise_for_status()
-        k = await self.http.post(f"{base}/admin/v1/tenants/{tid}/keys", json={}, headers=self.admin)
+        k = await self.http.post(
+            f"{base}/admin/v1/tenants/{tid}/keys", json={"slo_class": slo_class}, headers=self.admin
+        )
         return tid, k.json()["value"]
 
     async def chat(
@@ -120,6 +127,11 @@ class Run:
                     chunk = json.loads(line[6:])
                     call.request_id = chunk["id"].removeprefix("chatcmpl-")  # the ledger's id
                     if usage := chunk.get("usage"):
+                        new = usage["completion_tokens"] - call.completion_tokens
+                        if call.first_at is None:
+                            call.first_at = self.now()
+                        if new:
+                            call.served.append((self.now(), new))
                         call.prompt_tokens = usage["prompt_tokens"]
                         call.completion_tokens = usage["completion_tokens"]
                     for choice in chunk.get("choices", []):
@@ -303,10 +315,16 @@ async def quota(run: Run, seconds: float, tpm: int = 6000, concurrency: int = 4)
     by_start = [(c.started, c.prompt_tokens + c.completion_tokens) for c in served]
     by_end = [(c.ended or 0.0, c.prompt_tokens + c.completion_tokens) for c in served]
     ledger_points = [(r["started_at"], r["charged"]) for r in rows.values() if r["tenant"] == tid]
+    # Every token when its client received it: the prompt with the first chunk, output as
+    # it streamed (the usage each chunk carried).
+    by_served = [point for c in served for point in c.served]
+    by_served += [(c.first_at, c.prompt_tokens) for c in served if c.first_at is not None]
     minutes = []
+    minutes_served = []
     for m in range(int(seconds // 60)):
         lo, hi = start + 60 * m, start + 60 * (m + 1)
         minutes.append(sum(t for at, t in by_end if lo <= at < hi))
+        minutes_served.append(sum(t for at, t in by_served if lo <= at < hi))
     streams = [(c.headers_at or 0.0, c.ended or 0.0) for c in served]
     upstreams: dict[str, int] = {}
     for c in served:
@@ -316,6 +334,8 @@ async def quota(run: Run, seconds: float, tpm: int = 6000, concurrency: int = 4)
         "limit_concurrency": concurrency,
         "streams": 24,
         "seconds": seconds,
+        "served_tokens_each_minute_as_served": minutes_served,
+        "served_tokens_max_sliding_minute_as_served": sliding_max(by_served),
         "served_tokens_each_minute_by_end": minutes,
         "served_tokens_max_sliding_minute_by_start": sliding_max(by_start),
         "served_tokens_max_sliding_minute_by_end": sliding_max(by_end),
@@ -496,22 +516,26 @@ async def pg(run: Run, seconds: float = 60.0, restart_at: float = 20.0) -> dict[
     }
 
 
-async def spill(run: Run, seconds: float = 40.0) -> dict[str, Any]:
+async def spill(run: Run, seconds: float = 60.0) -> dict[str, Any]:
+    """One replica full, the other idle (run with 2 replicas, each running 2 and queueing 1):
+    replica 0 is kept full by 4 clients of its own (another tenant, bypassing Envoy), and 2
+    clients come through Envoy, which the idle replica can always serve. Envoy does not see
+    replica 0's own load: what it sends there is refused (503) and retried once on the other.
+    A 503 reaching an Envoy client is one the fleet could have served."""
     hog, hog_key = await run.tenant("hog")
     tid, key = await run.tenant("load")
     full = run.fleet.members[0]
     start = run.now()
     until = start + seconds
-    # Replica 0 is kept full by clients of its own (bypassing Envoy, another tenant); the
-    # fleet's clients come through Envoy, which must retry replica 0's 503s on the others.
-    direct = [run.closed_loop(hog_key, hog, until, 64, i, url=full.url) for i in range(8)]
-    through = [run.closed_loop(key, tid, until, 32, 100 + i) for i in range(4)]
+    direct = [run.closed_loop(hog_key, hog, until, 64, i, url=full.url) for i in range(4)]
+    through = [run.closed_loop(key, tid, until, 32, 100 + i) for i in range(2)]
     await asyncio.gather(*direct, *through)
     stats = (await run.http.get(f"http://127.0.0.1:{run.fleet.admin_port}/stats")).text
     wanted = (
         "upstream_rq_503",
         "upstream_rq_retry",
         "upstream_rq_retry_success",
+        "upstream_rq_retry_overflow",
         "upstream_rq_200",
     )
     envoy = {
@@ -519,11 +543,14 @@ async def spill(run: Run, seconds: float = 40.0) -> dict[str, Any]:
         for line in stats.splitlines()
         if line.startswith("cluster.quanta.") and line.split(":")[0].rsplit(".", 1)[-1] in wanted
     }
+    clients = [c for c in run.calls if c.tenant == tid]
     return {
         "seconds": seconds,
+        "replica_settings": "QUANTA_MAX_RUNNING=2, QUANTA_QUEUE_REQUESTS=1",
         "direct_to_the_full_replica": summary_of([c for c in run.calls if c.tenant == hog]),
-        "through_envoy": summary_of([c for c in run.calls if c.tenant == tid]),
-        "through_envoy_by_replica": _count(c.upstream for c in run.calls if c.tenant == tid),
+        "through_envoy": summary_of(clients),
+        "through_envoy_503": sum(1 for c in clients if c.status == 503),
+        "through_envoy_by_replica": _count(c.upstream for c in clients),
         "envoy_stats": envoy,
     }
 
@@ -535,29 +562,46 @@ def _count(items: Any) -> dict[str, int]:
     return out
 
 
-async def weights(run: Run, seconds: float = 90.0) -> dict[str, Any]:
-    light, key1 = await run.tenant("light", weight=1.0)
-    heavy, key2 = await run.tenant("heavy", weight=2.0)
+async def weights(
+    run: Run, seconds: float = 120.0, slo_class: str = "interactive"
+) -> dict[str, Any]:
+    light, key1 = await run.tenant("light", weight=1.0, slo_class=slo_class)
+    heavy, key2 = await run.tenant("heavy", weight=2.0, slo_class=slo_class)
     start = run.now()
     until = start + seconds
     loops = [run.closed_loop(key1, light, until, 64, i) for i in range(12)]
     loops += [run.closed_loop(key2, heavy, until, 64, i) for i in range(12)]
     await asyncio.gather(*loops)
-    # Service in the middle of the run, when both were backlogged: output tokens received.
+    # Service while both were backlogged (after a start-up margin, before the loops end), by
+    # when each token was received: output tokens, and VTC's service (prompt 1, output 2).
     lo, hi = start + 15, until - 5
     out = {light: 0, heavy: 0}
+    vtc = {light: 0, heavy: 0}
+    per_replica: dict[str, dict[str, int]] = {}
     for c in run.calls:
-        if c.status == 200 and c.ended is not None and lo <= c.ended <= hi:
-            out[c.tenant] += c.completion_tokens
+        if c.status != 200:
+            continue
+        got = sum(n for at, n in c.served if lo <= at <= hi)
+        prompt = c.prompt_tokens if c.first_at is not None and lo <= c.first_at <= hi else 0
+        out[c.tenant] += got
+        vtc[c.tenant] += prompt + 2 * got
+        row = per_replica.setdefault(c.upstream or "?", {"light": 0, "heavy": 0})
+        row["light" if c.tenant == light else "heavy"] += got
     ratio = out[heavy] / out[light] if out[light] else float("nan")
+    ratio_vtc = vtc[heavy] / vtc[light] if vtc[light] else float("nan")
     return {
         "weights": "1:2",
+        "slo_class": slo_class,
         "window_s": [lo - start, hi - start],
         "output_tokens_light": out[light],
         "output_tokens_heavy": out[heavy],
         "heavy_over_light": ratio,
         "error_vs_2": abs(ratio - 2) / 2,
-        "summary": summary_of(run.calls),
+        "vtc_service_heavy_over_light": ratio_vtc,
+        "vtc_error_vs_2": abs(ratio_vtc - 2) / 2,
+        "output_tokens_by_replica": per_replica,
+        "summary_light": summary_of([c for c in run.calls if c.tenant == light]),
+        "summary_heavy": summary_of([c for c in run.calls if c.tenant == heavy]),
     }
 
 
@@ -576,22 +620,35 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("scenario", choices=sorted(SCENARIOS))
     parser.add_argument("--seconds", type=float, default=None)
-    parser.add_argument("--replicas", type=int, default=3)
+    parser.add_argument("--replicas", type=int, default=None, help="default 3 (spill: 2)")
+    parser.add_argument(
+        "--tpm", type=int, default=None, help="quota: the tenant's tokens/min (default 6,000)"
+    )
+    parser.add_argument("--slo-class", default=None, help="weights: the keys' class")
+    parser.add_argument("--out", default=None, help="results file name (default: the scenario)")
     args = parser.parse_args()
     work = SCENARIOS[args.scenario]
-    kwargs = {} if args.seconds is None or args.scenario == "revoke" else {"seconds": args.seconds}
+    kwargs: dict[str, Any] = {}
+    if args.seconds is not None and args.scenario != "revoke":
+        kwargs["seconds"] = args.seconds
+    if args.slo_class is not None and args.scenario == "weights":
+        kwargs["slo_class"] = args.slo_class
+    if args.tpm is not None and args.scenario == "quota":
+        kwargs["tpm"] = args.tpm
     env: dict[str, str] = {}
+    replicas = args.replicas or 3
     if args.scenario == "spill":
-        env = {"QUANTA_QUEUE_REQUESTS": "2"}  # a replica is full with 2 waiting
-    results = asyncio.run(
-        with_fleet(args.scenario, lambda run: work(run, **kwargs), args.replicas, env)
-    )
+        # A replica is full with 2 running and 1 waiting; one full, one idle.
+        env = {"QUANTA_MAX_RUNNING": "2", "QUANTA_QUEUE_REQUESTS": "1"}
+        replicas = args.replicas or 2
+    results = asyncio.run(with_fleet(args.scenario, lambda run: work(run, **kwargs), replicas, env))
     shown = {k: v for k, v in results.items() if k not in ("calls", "answers", "environment")}
     console.print_json(json.dumps(shown, default=str))
     # Every request's row goes to a file of its own, not committed (.gitignore).
     calls = {"calls": results.pop("calls", []), "answers": results.pop("answers", [])}
-    write_results(OUT / f"{args.scenario}.calls.json", calls)
-    write_results(OUT / f"{args.scenario}.json", results)
+    name = args.out or args.scenario
+    write_results(OUT / f"{name}.calls.json", calls)
+    write_results(OUT / f"{name}.json", results)
 
 
 if __name__ == "__main__":

@@ -74,6 +74,26 @@ async def test_usage_parameters_out_of_bounds_are_400s_naming_them(
     assert r.json()["error"]["param"] == param
 
 
+@pytest.mark.parametrize(
+    ("path", "param"),
+    [
+        ("/admin/v1/usage", "start_time"),
+        ("/admin/v1/usage", "end_time"),
+        ("/admin/v1/audit_log", "after"),
+    ],
+)
+async def test_a_lower_bound_the_server_checks_is_in_the_document(
+    client: Client, path: str, param: str
+) -> None:
+    doc = await document(client)
+    schemas = {p["name"]: p["schema"] for p in doc["paths"][path]["get"]["parameters"]}
+    assert schemas[param]["minimum"] == 0
+    r = await client.get(f"{path}?{param}=-1", headers=ADMIN)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param
+    assert (await client.get(f"{path}?{param}=0", headers=ADMIN)).status_code == 200
+
+
 async def test_the_last_representable_time_is_served(client: Client) -> None:
     r = await client.get(
         "/admin/v1/usage?bucket_width=1m&start_time=0&end_time=253402300799", headers=ADMIN

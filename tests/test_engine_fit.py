@@ -63,14 +63,16 @@ def shape(layout: object) -> tuple[object, ...]:
     )
 
 
-def test_this_cpu_with_smollm2_gets_a_stream_per_slot_of_4096() -> None:
+def test_this_cpu_with_smollm2_gets_a_stream_per_slot_of_5120() -> None:
     layout = fit_engine(SMOL, THIS_CPU, Wanted())
     # 1/8 of 24 GiB: 3 GiB. 20 slots of the training context (8192) would take 3.5 GiB, so
-    # the context halves to 4096 (92 MiB a slot) and 32 slots (the CPU's most) fit.
+    # the context comes down to the floor, 5120 (112.5 MiB a slot: a 4,000-token prompt and
+    # its answer fit), and 27 slots fit, rounded down to 24.
     assert layout.kv_budget_bytes == 3 * GiB
-    assert shape(layout) == (False, 4096, 32, 0, "auto", 512, 512, 128, 2)
-    assert layout.n_ctx == 131072
-    assert layout.kv_bytes == 131072 * 23040  # 2.8 GiB
+    assert shape(layout) == (False, 5120, 24, 0, "auto", 512, 512, 128, 2)
+    assert layout.n_ctx == 122880
+    assert layout.kv_bytes == 122880 * 23040  # 2.6 GiB
+    assert layout.n_ctx_seq >= 4000 + 128  # the long suite's longest CPU request
     assert not layout.on_gpu
 
 
@@ -93,8 +95,8 @@ def test_a_long_trained_model_on_the_h200_keeps_64_slots() -> None:
 def test_a_small_gpu_takes_the_layers_that_fit_and_sizes_kv_as_a_cpu() -> None:
     layout = fit_engine(LLAMA8B_F16, SMALL_GPU, Wanted())
     # 16 GB of weights cannot go on 7.5 GiB: 8 layers with their share of the 8 GiB KV
-    # (1/8 of the RAM) fit; the KV holds 16 slots of 4096 tokens (512 MiB each).
-    assert shape(layout) == (False, 4096, 16, 8, "on", 512, 512, 512, 8)
+    # (1/8 of the RAM) fit; the KV holds 12 slots of 5120 tokens (640 MiB each).
+    assert shape(layout) == (False, 5120, 12, 8, "on", 512, 512, 512, 8)
     assert layout.kv_budget_bytes == 8 * GiB
     assert layout.on_gpu
 
@@ -124,7 +126,7 @@ def test_the_users_settings_win() -> None:
 
 def test_one_buffer_unset_takes_the_cells_the_streams_would() -> None:
     layout = fit_engine(SMOL, THIS_CPU, Wanted(kv_unified=True))
-    assert (layout.n_ctx, layout.n_seq_max, layout.kv_bytes) == (131072, 32, 131072 * 23040)
+    assert (layout.n_ctx, layout.n_seq_max, layout.kv_bytes) == (122880, 32, 122880 * 23040)
     # set, the one buffer is QUANTA_N_CTX cells whatever the slots (the layout of old)
     old = fit_engine(SMOL, THIS_CPU, Wanted(kv_unified=True, n_ctx=8192, n_seq_max=64))
     assert (old.n_ctx, old.n_ctx_seq, old.n_seq_max) == (8192, 8192, 64)
@@ -147,9 +149,9 @@ def test_set_slots_get_the_longest_context_the_budget_holds() -> None:
 
 def test_a_set_memory_budget_sizes_the_kv() -> None:
     layout = fit_engine(SMOL, THIS_CPU, Wanted(kv_memory_bytes=1 * GiB))
-    assert (layout.n_ctx_seq, layout.n_seq_max) == (4096, 11)  # 90 MiB a slot
+    assert (layout.n_ctx_seq, layout.n_seq_max) == (5120, 9)  # 112.5 MiB a slot
     tiny = fit_engine(SMOL, THIS_CPU, Wanted(kv_memory_bytes=256 * MiB))
-    assert (tiny.n_ctx_seq, tiny.n_seq_max) == (4096, 2)
+    assert (tiny.n_ctx_seq, tiny.n_seq_max) == (5120, 2)
 
 
 @pytest.mark.parametrize(
@@ -189,8 +191,8 @@ def test_a_gpu_build_without_a_readable_vram_sizes_kv_as_a_cpu_and_says_so() -> 
 
 def test_the_start_block_says_what_was_chosen_and_why() -> None:
     text = describe(fit_engine(SMOL, THIS_CPU, Wanted()), SMOL, THIS_CPU)
-    assert "4096 tokens a request (QUANTA_N_CTX)" in text
-    assert "32 slots (QUANTA_N_SEQ_MAX)" in text
-    assert "a stream per sequence, 32 x 4096 = 131072 cells, 2.8 GiB" in text
+    assert "5120 tokens a request (QUANTA_N_CTX)" in text
+    assert "24 slots (QUANTA_N_SEQ_MAX)" in text
+    assert "a stream per sequence, 24 x 5120 = 122880 cells, 2.6 GiB" in text
     assert "KV 22.5 KiB a token" in text
     assert "1/8 of 24.0 GiB RAM" in text

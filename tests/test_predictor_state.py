@@ -37,7 +37,7 @@ def test_an_unreadable_state_starts_empty(tmp_path: Path) -> None:
 
 
 def test_the_system_prompt_hash_keys_on_the_leading_system_messages() -> None:
-    from app.openai.sampling import system_prompt_hash
+    from app.openai.prompt_plan import system_prompt_hash
 
     a = [{"role": "system", "content": "Answer yes or no."}, {"role": "user", "content": "x"}]
     b = [{"role": "system", "content": "Answer yes or no."}, {"role": "user", "content": "y"}]

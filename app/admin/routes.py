@@ -38,10 +38,12 @@ from app.tenancy.service import Tenancy
 PageSize = Annotated[int, QueryParameter(ge=1, le=100)]
 # Unix seconds up to the end of year 9999: past it Python's time functions and SQLite's
 # 64-bit integers give up (a 500, not a 400).
-# (The bounds sit on the optional type: litestar does not check them on ``Bounded | None``.)
-UnixTime = Annotated[int | None, QueryParameter(ge=0, le=MAX_UNIX_TIME)]
+# (The bounds sit on the optional type: litestar does not check them on ``Bounded | None``.
+# Nor does it write a bound of 0 into the document, so ``NOT_NEGATIVE`` states it there.)
+NOT_NEGATIVE = {"minimum": 0}
+UnixTime = Annotated[int | None, QueryParameter(ge=0, le=MAX_UNIX_TIME, schema_extra=NOT_NEGATIVE)]
 Id = Annotated[str | None, QueryParameter(min_length=1, max_length=MAX_ID_LENGTH)]
-AuditCursor = Annotated[int | None, QueryParameter(ge=0, le=MAX_INTEGER)]
+AuditCursor = Annotated[int | None, QueryParameter(ge=0, le=MAX_INTEGER, schema_extra=NOT_NEGATIVE)]
 
 
 async def provide_db(state: State) -> AsyncIterator[AsyncSession]:

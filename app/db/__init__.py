@@ -1,1 +1,1 @@
-"""The database: SQLAlchemy 2 async models, the engine, Alembic migrations, repositories."""
+"""The database: SQLAlchemy 2 async models, the engine, and the Alembic migrations' runner."""

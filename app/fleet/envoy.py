@@ -19,9 +19,6 @@ def envoy_config(
     listener["address"]["socket_address"].update(address=host, port_value=port)
     cluster = config["static_resources"]["clusters"][0]
     cluster["least_request_lb_config"]["choice_count"] = max(2, len(replicas))
-    route = listener["filter_chains"][0]["filters"][0]["typed_config"]["route_config"]
-    retry = route["virtual_hosts"][0]["routes"][0]["route"]["retry_policy"]
-    retry["num_retries"] = max(1, len(replicas) - 1)  # every other replica, once each
     cluster["load_assignment"]["endpoints"][0]["lb_endpoints"] = [
         {"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": p}}}}
         for p in replicas

@@ -7,33 +7,35 @@
 A stop string ends its choice at once for the client; the core's request is cancelled when
 every choice has stopped or finished (the core cancels a request, not a choice). Leaving the
 iteration early (a client gone, an error) cancels the request and frees its KV. A token its
-tenant's quota has no room for (``allows``) ends every choice there with "length".
+tenant's quota has no room for (``Meter.allows``) ends every choice there with "length".
 
-What it was served is what reached its client:
+Billing is the tenancy's (``app/tenancy/meter.py``); a generation only reports to its meter,
+and keeps no account of its own:
 
+    running(run)       at the start and whenever a choice ends (or the run is refused):
+                       the run's status, prompt, cached tokens and timings
     mark_sent()        just before a write (a stream's event, the whole response): the
-                       tokens released so far are under way (``on_sent`` journals them)
-    written(reached)   the write is done: it reached the client, or it did not (its send
-                       failed, or the connection was gone), and it is not charged
-    outcome()          counts the output tokens of the writes that reached the client
+                       output tokens the client holds once it lands (``Meter.sending``)
+
+Whether the write reached the client is the tenancy middleware's to tell the meter.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Literal
 
 from app.openai.choices import ChoiceText, Piece, ToolCall
-from app.openai.sampling import PromptPlan
+from app.openai.prompt_plan import PromptPlan
 from app.openai.schemas import PromptTokensDetails, ServerTiming, Usage
 from app.openai.stop import StopMatcher
 from app.server.context import RequestContext
 from app.server.core import Core, Handle
 from app.server.errors import ApiError, GenerationFailed, Overloaded, RateLimited
 from app.server.metrics import Metrics
-from app.tenancy.service import Outcome
+from app.tenancy.meter import Meter, Run
 from quanta_core.requests import (
     ChoiceResult,
     ChoiceTimings,
@@ -57,21 +59,41 @@ class Update:
     tool_calls: tuple[ToolCall, ...] = ()
 
 
+def core_request(core: Core, plan: PromptPlan, n: int, ctx: RequestContext) -> GenerationRequest:
+    """What the core is asked to run for ``plan``: ``n`` choices, for ``ctx``'s tenant."""
+    return GenerationRequest(
+        request_id=ctx.request_id,
+        prompt_tokens=plan.prompt_tokens,
+        max_tokens=plan.max_tokens,
+        sampling=plan.sampling,
+        n=n,
+        tenant=ctx.tenant,
+        slo_class=ctx.slo_class,
+        weight=ctx.weight,
+        key_id=ctx.key_id,
+        prefix_hash=plan.prefix_hash,
+        cache_salt=ctx.tenant if core.prefix_cache_per_tenant else None,
+    )
+
+
 class Generation:
     def __init__(
         self,
         core: Core,
         plan: PromptPlan,
-        n: int,
+        request: GenerationRequest,
         ctx: RequestContext,
         metrics: Metrics,
+        meter: Meter | None,
         *,
         logprobs: bool,
     ) -> None:
         self._core = core
         self._ctx = ctx
         self._metrics = metrics
+        self._meter = meter  # None: nothing is metered (no quotas)
         self.prompt_tokens = len(plan.prompt_tokens)
+        n = request.n
         self._choices = [
             ChoiceText(
                 core.tokenizer.detokenizer(),
@@ -86,25 +108,10 @@ class Generation:
         self._handle: Handle | None = None
         self._refused = False
         self._cancelled = False
-        self._sent = 0  # output tokens in the writes that reached the client
-        self._sending = 0  # ... and in the write under way
-        self.on_sent: Callable[[], None] | None = None
-        # May the request have produced this many output tokens (all choices)? The quota.
-        self.allows: Callable[[int], bool] | None = None
         self._produced = 0
-        self._request = GenerationRequest(
-            request_id=ctx.request_id,
-            prompt_tokens=plan.prompt_tokens,
-            max_tokens=plan.max_tokens,
-            sampling=plan.sampling,
-            n=n,
-            tenant=ctx.tenant,
-            slo_class=ctx.slo_class,
-            weight=ctx.weight,
-            key_id=ctx.key_id,
-            prefix_hash=plan.prefix_hash,
-            cache_salt=ctx.tenant if core.prefix_cache_per_tenant else None,
-        )
+        self._request = request
+        if meter is not None:
+            meter.running(Run(prompt_tokens=self.prompt_tokens))
 
     @property
     def request(self) -> GenerationRequest:
@@ -120,6 +127,7 @@ class Generation:
             self._handle = self._core.driver.submit(self._request)
         except Refused as refused:
             self._refused = True
+            self._report()
             raise _refusal(refused) from None
 
     async def updates(self) -> AsyncIterator[Update]:
@@ -131,7 +139,8 @@ class Generation:
                     choice = self._choices[event.index]
                     if choice.stopped:
                         continue
-                    if self.allows is not None and not self.allows(self._produced + 1):
+                    meter = self._meter
+                    if meter is not None and not meter.allows(self._produced + 1):
                         for update in self._out_of_quota():
                             yield update
                         return
@@ -154,21 +163,8 @@ class Generation:
 
     def mark_sent(self) -> None:
         """Everything released so far is being written to the client now."""
-        self._sending = sum(self._sent_tokens(i) for i in range(len(self._choices)))
-        if self.on_sent is not None:
-            self.on_sent()
-
-    @property
-    def writing(self) -> bool:
-        """A write was announced (``mark_sent``) and is not yet known to have ended."""
-        return self._sending != self._sent
-
-    def written(self, reached: bool) -> None:
-        """The write under way ended: its tokens reached the client, or none of them did."""
-        if reached:
-            self._sent = self._sending
-        else:
-            self._sending = self._sent
+        if self._meter is not None:
+            self._meter.sending(sum(self._sent_tokens(i) for i in range(len(self._choices))))
 
     def _sent_tokens(self, index: int) -> int:
         """A choice's output tokens the client has: all of them once it ended whole (its
@@ -178,15 +174,10 @@ class Generation:
             return self._completion_tokens(index)
         return choice.released
 
-    def outcome(self, ahead: bool = False) -> Outcome:
-        """What was served (the writes that reached the client), for the quotas and the
-        usage ledger; ``ahead``: with the write under way (the journal's row before it)."""
-        sent = self._sending if ahead else self._sent
-        if not self._results and not self._refused:
-            # Streaming, no choice ended: only the tokens sent move. The journal asks this
-            # before every write of every stream, so it is kept to one small object.
-            return Outcome("cancelled", self.prompt_tokens, 0, sent, None, None)
-        usage = self.usage()
+    def _report(self) -> None:
+        """Tell the meter what the run is now (its results changed)."""
+        if self._meter is None:
+            return
         reasons = {r.finish_reason for r in self._results.values()}
         if self._refused or FinishReason.REJECTED in reasons:
             status = "rejected"
@@ -197,13 +188,14 @@ class Generation:
         timings = [r.timings for r in self._results.values()]
         queue = [t.queue_s for t in timings if t.queue_s is not None]
         ttft = [t.first_token - t.arrival for t in timings if t.first_token is not None]
-        return Outcome(
-            status,
-            usage.prompt_tokens,
-            usage.prompt_tokens_details.cached_tokens,
-            sent,
-            min(queue, default=None),
-            min(ttft, default=None),
+        self._meter.running(
+            Run(
+                status,
+                self.prompt_tokens,
+                max((r.cached_tokens for r in self._results.values()), default=0),
+                min(queue, default=None),
+                min(ttft, default=None),
+            )
         )
 
     def usage(self) -> Usage:
@@ -246,10 +238,12 @@ class Generation:
             if choice.stopped:
                 continue
             updates.append(Update(index, choice.finish(), "length"))
+        self._report()
         return updates
 
     def _finish(self, result: ChoiceResult) -> Update:
         self._results[result.index] = result
+        self._report()
         self._metrics.observe(result, self._ctx.tenant, self._ctx.slo_class.value)
         if self._ctx.record is not None:
             self._ctx.record.finished(result)

@@ -36,6 +36,7 @@ from app.db.models import StoredResponse
 from app.openai.choices import ToolCall
 from app.openai.disconnect import unless_disconnected
 from app.openai.generation import Generation, Update
+from app.openai.prompt_plan import chat_plan
 from app.openai.responses_input import chat_request, input_messages
 from app.openai.responses_schemas import (
     DeletedResponse,
@@ -56,7 +57,6 @@ from app.openai.responses_schemas import (
     ResponseUsage,
     TextOut,
 )
-from app.openai.sampling import chat_plan
 from app.openai.schemas import ChatMessageIn, ToolCallFunctionIn, ToolCallIn, Usage
 from app.openai.service import SSE_HEADERS, CompletionService
 from app.server.context import RequestContext

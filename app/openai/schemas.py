@@ -180,7 +180,7 @@ class ChatCompletionRequest(_Sampling, kw_only=True):
 
 
 # One prompt: text, or token ids; a list of one text or one token-id list is accepted too.
-# (msgspec allows one array type per union, so the list's shape is checked in sampling.py.)
+# (msgspec allows one array type per union, so the list's shape is checked in prompt_plan.py.)
 Prompt = str | Annotated[list[str | TokenId | list[TokenId]], Meta(min_length=1)]
 
 

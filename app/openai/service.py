@@ -11,9 +11,9 @@ from litestar.response import Stream
 from litestar.types import Receive
 
 from app.openai.disconnect import unless_disconnected
-from app.openai.generation import Generation, Update
+from app.openai.generation import Generation, Update, core_request
+from app.openai.prompt_plan import PromptPlan, chat_plan, completion_plan
 from app.openai.render import ChatRenderer, Collected, CompletionRenderer, Header, Renderer
-from app.openai.sampling import PromptPlan, chat_plan, completion_plan
 from app.openai.schemas import ChatCompletionRequest, CompletionRequest
 from app.openai.streaming import event_stream
 from app.openai.tool_parser import with_tool_calls
@@ -22,7 +22,7 @@ from app.server.core import Core
 from app.server.errors import ModelNotFound
 from app.server.metrics import Metrics
 from app.server.state import ServerState
-from app.tenancy.limits import Ask
+from app.tenancy.quotas import Ask
 
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
@@ -83,16 +83,15 @@ class CompletionService:
     ) -> tuple[Generation, AsyncIterator[Update]]:
         """Admit and start ``plan`` (quotas, then the core: a refusal raises here, before
         any body); its updates, with tool calls read out when it has tools."""
-        logprobs = plan.sampling.logprobs is not None
-        generation = Generation(core, plan, n, ctx, self._metrics, logprobs=logprobs)
+        request = core_request(core, plan, n, ctx)
+        meter = None
         if ctx.gate is not None:  # 429 here, before anything reaches the core
-            likely = core.likely_output(generation.request) if core.likely_output else None
-            await ctx.gate.reserve(Ask(len(plan.prompt_tokens), plan.max_tokens, n, likely))
-            ctx.gate.bind(generation)
-            generation.on_sent = ctx.gate.sent
-            generation.allows = ctx.gate.allows
-        if ctx.record is not None:
-            ctx.record.served = generation
+            likely = core.likely_output(request) if core.likely_output else None
+            meter = await ctx.gate.reserve(Ask(len(plan.prompt_tokens), plan.max_tokens, n, likely))
+            if ctx.record is not None:
+                ctx.record.meter = meter
+        logprobs = plan.sampling.logprobs is not None
+        generation = Generation(core, plan, request, ctx, self._metrics, meter, logprobs=logprobs)
         generation.start()
         updates = generation.updates()
         if plan.tools is not None:

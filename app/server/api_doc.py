@@ -33,6 +33,7 @@ from litestar.openapi.plugins import JsonRenderPlugin, SwaggerRenderPlugin
 from litestar.static_files import create_static_files_router
 
 from app.admin import schemas as admin_schemas
+from app.openai import responses_schemas
 from app.openai import schemas as openai_schemas
 
 ERROR_REF = {"$ref": "#/components/schemas/ErrorResponse"}
@@ -166,7 +167,7 @@ def _finish_operation(path: str, method: str, op: dict[str, Any]) -> None:
         statuses |= {401, 503}
     elif path.startswith("/v1/") or path in _TOKENIZER:
         op["security"] = [{"apiKey": []}]
-        statuses |= {401, 403, 429, 503}  # 429: unknown keys (app/tenancy/auth_guard.py)
+        statuses |= {401, 403, 429, 503}  # 429: unknown keys (app/tenancy/key_flood.py)
     if path in _COMPLETIONS:
         statuses |= {404, 429, 500}  # 404: the model
     if (method, path) in _CONFLICTS:
@@ -213,7 +214,7 @@ def _strict_requests(schemas: dict[str, Any]) -> None:
 
 def _structs() -> list[type[msgspec.Struct]]:
     found = []
-    for module in (openai_schemas, admin_schemas):
+    for module in (openai_schemas, responses_schemas, admin_schemas):
         for name, cls in inspect.getmembers(module, inspect.isclass):
             generic = getattr(cls, "__parameters__", ())
             if issubclass(cls, msgspec.Struct) and not name.startswith("_") and not generic:

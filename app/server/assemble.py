@@ -29,7 +29,7 @@ from quanta_core.scheduler import Choice, Driver, Scheduler
 from quanta_core.scheduler.warmup import warm_up
 from quanta_core.sim.step_trace import StepTracer
 
-# A token quota reserves this quantile of a request's predicted output (app/tenancy/limits.py:
+# A token quota reserves this quantile of a request's predicted output (app/tenancy/quotas.py:
 # ``Ask``): most requests end inside it, and one that goes on is charged as it does.
 RESERVE_QUANTILE = 0.9
 

@@ -27,7 +27,8 @@ from app.server.errors import ERROR_CODE
 from app.server.logs import FIELDS
 from app.server.metrics import Metrics
 from app.server.request_id import request_id_of
-from app.tenancy.service import Principal, Served
+from app.tenancy.meter import Meter
+from app.tenancy.service import Principal
 from quanta_core.requests import ChoiceResult, FinishReason
 
 log = logging.getLogger("quanta.request")
@@ -44,7 +45,7 @@ class RequestRecord:
     path: str
     started: float  # time.perf_counter()
     status: int = 0
-    served: Served | None = None  # the generation: what reached the client
+    meter: Meter | None = None  # the request's meter: what reached the client
     results: list[ChoiceResult] = field(default_factory=list)
 
     def finished(self, result: ChoiceResult) -> None:
@@ -64,7 +65,7 @@ class RequestRecord:
         return ",".join(sorted(reasons)) or None
 
     def fields(self, principal: Principal | None, reason: str | None) -> dict[str, Any]:
-        out = self.served.outcome() if self.served is not None else None
+        out = self.meter.outcome() if self.meter is not None else None
         queue = [r.timings.queue_s for r in self.results if r.timings.queue_s is not None]
         prefill = [r.timings.prefill_s for r in self.results if r.timings.prefill_s is not None]
         return {

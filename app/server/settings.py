@@ -233,7 +233,9 @@ class Settings(BaseSettings):
         default=_SLO.batch_deadline_s, gt=0, description="batch: completion deadline"
     )
     batch_aging_s: float = Field(
-        default=_SLO.batch_aging_s, ge=0, description="batch waiting this long goes first"
+        default=_SLO.batch_aging_s,
+        ge=0,
+        description="batch waiting this long is promoted (quanta: ahead of other batch only)",
     )
     # Queue bounds: waiting requests, and their prompt tokens, per class and in all. Unset: the
     # core's defaults, which are sized for QUEUE_SLOTS running slots, scaled with the running
@@ -252,7 +254,7 @@ class Settings(BaseSettings):
         default=30.0, ge=0, description="on SIGINT/SIGTERM: how long in-flight requests may finish"
     )
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024, description="larger is a 413")
-    # A flood of made-up keys costs at most these database lookups (app/tenancy/auth_guard.py);
+    # A flood of made-up keys costs at most these database lookups (app/tenancy/key_flood.py);
     # known keys never wait on them.
     auth_failures_per_minute: int = Field(
         default=60,

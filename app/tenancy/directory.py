@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db.models import ApiKey, QuotaPolicy, Tenant
 from app.tenancy.keys import same_digest
-from app.tenancy.limits import UNLIMITED, Limits
+from app.tenancy.quotas import UNLIMITED, Limits
 from quanta_core.requests import SloClass
 
 

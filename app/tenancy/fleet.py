@@ -28,7 +28,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.tenancy.leases import Grant, LeaseStore, Want, new_lease_id
 from app.tenancy.limiter import Limiter, Scope
-from app.tenancy.limits import Ask, Limits
+from app.tenancy.quotas import Ask, Limits
 from app.tenancy.share import Lease, Share
 
 log = logging.getLogger("quanta.fleet")

@@ -4,13 +4,12 @@ headers middleware.
 ApiKeyAuthentication   litestar's auth middleware on the tenant routes: 401/403, or the
                        Principal as ``request.user`` (x-ratelimit-* noted for the response)
 RequestGate.reserve    after planning (prompt, max_tokens and the likely output known): 429
-                       or a Reservation
-RequestGate.allows     for each output token: may the request go on (False: the quotas have
-                       nothing left; the request ends with finish_reason "length")
-tenancy_middleware     adds x-ratelimit-* to whatever response goes out, tells the
-                       reservation whether each write it was charged for reached the client,
-                       and closes the reservation when the ASGI call ends — finished, failed
-                       or the client gone — so a concurrency slot is always given back
+                       or the request's ``Meter`` (app/tenancy/meter.py), which the OpenAI
+                       layer then only reports to: what ran, what it is sending
+tenancy_middleware     adds x-ratelimit-* to whatever response goes out, tells the meter
+                       whether each write it was charged for reached the client, and
+                       closes the meter when the ASGI call ends — finished, failed or the
+                       client gone — so a concurrency slot is always given back
 """
 
 from __future__ import annotations
@@ -26,13 +25,14 @@ from litestar.middleware import AbstractAuthenticationMiddleware, Authentication
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.server.http_protocol import connection_closing
-from app.tenancy.limits import Ask
-from app.tenancy.service import Principal, Reservation, Served, Tenancy
+from app.tenancy.meter import Meter
+from app.tenancy.quotas import Ask
+from app.tenancy.service import Principal, Tenancy
 
-# What the handler leaves for ``tenancy_middleware`` in the scope's state: the response's
-# x-ratelimit-* headers and the reservation to close when the call ends.
+# What the gate leaves for ``tenancy_middleware`` (this module's) in the scope's state: the
+# response's x-ratelimit-* headers and the meter to follow the writes of and to close.
 RATE_HEADERS = "quanta_rate_headers"
-RESERVATION = "quanta_reservation"
+METER = "quanta_meter"
 
 
 def tenancy_of(connection: ASGIConnection[Any, Any, Any, Any]) -> Tenancy:
@@ -75,26 +75,14 @@ class RequestGate:
         self._principal = principal
         self._state = _state(scope)
         self._request_id = request_id
-        self._reservation: Reservation | None = None
 
-    async def reserve(self, ask: Ask) -> None:
-        """Reserve what ``ask`` will likely use, or raise the 429."""
-        self._reservation = await self._tenancy.reserve(self._principal, self._request_id, ask)
-        self._state[RESERVATION] = self._reservation
+    async def reserve(self, ask: Ask) -> Meter:
+        """Reserve what ``ask`` will likely use and return the request's meter, or raise the
+        429. The middleware settles the meter when the call ends."""
+        meter = await self._tenancy.reserve(self._principal, self._request_id, ask)
+        self._state[METER] = meter
         self._state[RATE_HEADERS] = self._tenancy.headers(self._principal)
-
-    def allows(self, output_tokens: int) -> bool:
-        """May the request have produced ``output_tokens`` (all choices) in all?"""
-        return self._reservation is None or self._reservation.more(output_tokens)
-
-    def bind(self, served: Served) -> None:
-        if self._reservation is not None:
-            self._reservation.bind(served)
-
-    def sent(self) -> None:
-        """The client is about to be written what the outcome now counts."""
-        if self._reservation is not None:
-            self._reservation.sent()
+        return meter
 
 
 def tenancy_middleware(app: ASGIApp) -> ASGIApp:
@@ -114,25 +102,25 @@ def tenancy_middleware(app: ASGIApp) -> ASGIApp:
                     for name, value in extra.items():
                         headers[name] = value
                 return send(message)
-            reservation: Reservation | None = state.get(RESERVATION)
-            if reservation is not None and reservation.writing:
-                return _charged_write(send, message, reservation, closing)
+            meter: Meter | None = state.get(METER)
+            if meter is not None and meter.writing:
+                return _charged_write(send, message, meter, closing)
             return send(message)
 
         try:
             await app(scope, receive, send_with_limits)
         finally:
-            reservation: Reservation | None = state.pop(RESERVATION, None)
-            if reservation is not None:
-                reservation.close()
+            meter: Meter | None = state.pop(METER, None)
+            if meter is not None:
+                meter.close()
 
     return middleware
 
 
 async def _charged_write(
-    send: Send, message: Message, reservation: Reservation, closing: Callable[[], bool]
+    send: Send, message: Message, meter: Meter, closing: Callable[[], bool]
 ) -> None:
-    """Send a write its tokens were charged for ahead, and tell the reservation whether it
+    """Send a write its tokens were charged for ahead, and tell the meter whether it
     reached the client. It did not if its send failed or was cancelled (the client stopped
     reading and left), if the connection was already closing when it was sent (uvicorn
     drops such a write without a word), or if the write itself broke the connection (the
@@ -144,4 +132,4 @@ async def _charged_write(
         await send(message)
         reached = not gone and not (message.get("more_body", False) and closing())
     finally:
-        reservation.written(reached)
+        meter.written(reached)

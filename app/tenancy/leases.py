@@ -3,14 +3,17 @@
 A grant is one short transaction under a lock of its scope (``pg_advisory_xact_lock``):
 
     counted = open leases, in full, until they expire   (granted, not yet used or returned)
-            + closed leases' use, for 60 s after their last charge
+            + closed leases' use, for 60 s after their last charge or settlement
     grant   = min(asked, limit − counted)   refused where less than the request needs
 
-So the minute's tokens and requests the whole fleet may charge in any 60 s never exceed the
-limit: every charge is made against a lease that was counted in full when granted, and a
-closed lease's use stays counted for 60 s after its last charge (no earlier than any of its
-charges). Concurrency: the slots held by open leases, at most the limit. A replica that dies
-stops renewing: its slots are free ``ttl_s`` later, its leases' tokens counted a minute more.
+So the tokens the whole fleet serves in any 60 s never exceed the limit, counted by when
+they were served (a request's prompt at its start, each output token as it streams): take
+the leases that served a token in the window and the last of them granted, at g; every other
+one was counted at g, in full if open, else its use, since it served a token in the window
+(so settled no earlier) and g is at most 60 s after that token; and g granted at most the
+limit less what it counted. Requests likewise. Concurrency: the slots held by open leases,
+at most the limit. A replica that dies stops renewing: its slots are free ``ttl_s`` later,
+its leases' tokens counted a minute more.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from dataclasses import dataclass
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.tenancy.limits import Limits
+from app.tenancy.quotas import Limits
 
 MINUTE = 60.0
 FORGET_S = 120.0  # rows older than this no longer count: deleted

@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from app.tenancy.limits import Ask, Denial, Limit, Limits
+from app.tenancy.quotas import Ask, Denial, Limit, Limits
 from app.tenancy.share import UNBOUNDED, Hold, Share
 
 MINUTE = 60

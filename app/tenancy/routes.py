@@ -9,7 +9,7 @@ from litestar import Controller, Request, get
 from app.admin.schemas import KeyLimits, LiveCounters, OwnKey, QuotaIn
 from app.tenancy.gate import ApiKeyAuthentication, tenancy_of
 from app.tenancy.keys import redacted
-from app.tenancy.limits import Limits
+from app.tenancy.quotas import Limits
 from app.tenancy.service import Principal, Tenancy
 
 

@@ -1,11 +1,11 @@
 """``Tenancy``: who is asking, may they, and what did they use — without waiting on the DB.
 
     authenticate(header)  HMAC → Directory (memory)        401 / 403, or a Principal
-                          an unknown key: AuthGuard, then one DB lookup   429 / 401
-    reserve(principal, …) Limiter.check, then .charge       429, or a Reservation
+                          an unknown key: KeyFloodBound, then one DB lookup   429 / 401
+    reserve(principal, …) Limiter.check, then .charge       429, or the request's Meter
                           (fleet quotas: a grant first where this replica holds too little)
-    Reservation.more(n)   output past the reservation, charged as it comes (memory)
-    Reservation.close()   Limiter.settle + LedgerWriter.record (a list append)
+    Meter.allows(n)       output past the reservation, charged as it comes (memory)
+    Meter.close()         Limiter.settle + LedgerWriter.record (a list append)
 
 Started by the app's lifespan: checks the schema is at head, loads the directory, rebuilds
 the counters from the ledger, starts the ledger writer; stopping flushes the ledger.
@@ -22,9 +22,9 @@ import socket
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.engine import make_url
@@ -34,10 +34,10 @@ from app.db.migrate import check_at_head
 from app.db.models import AdminCredential, ApiKey, AuditEntry, DailyUsage, UsageRecord
 from app.server.errors import DatabaseUnavailable, InvalidApiKey, RateLimited, TenantSuspended
 from app.server.settings import Settings
-from app.tenancy.auth_guard import AuthGuard, retry_after_s
 from app.tenancy.directory import Directory, KeyView, TenantView
 from app.tenancy.fleet import Fleet, FleetConfig
 from app.tenancy.journal import Journal
+from app.tenancy.key_flood import KeyFloodBound, retry_after_s
 from app.tenancy.keys import (
     KeyHasher,
     prepare_data_dir,
@@ -45,10 +45,11 @@ from app.tenancy.keys import (
     same_digest,
     sha256_hex,
 )
-from app.tenancy.ledger import PARTIAL, LedgerWriter, UsageRow, close_interrupted, utc_day
-from app.tenancy.limiter import MINUTE, Charge, Limiter, Remaining, Scope
-from app.tenancy.limits import UNLIMITED, Ask, Denial, duration
+from app.tenancy.ledger import PARTIAL, LedgerWriter, close_interrupted, utc_day
+from app.tenancy.limiter import MINUTE, Limiter, Remaining, Scope
 from app.tenancy.listener import TenancyListener
+from app.tenancy.meter import Meter
+from app.tenancy.quotas import UNLIMITED, Ask, Denial, duration
 
 log = logging.getLogger("quanta.tenancy")
 
@@ -59,8 +60,6 @@ CHANGES_EVERY_S = 1.0  # how soon another process's admin change (the CLI's) is 
 # Statuses whose row does not count a request against RPM (a partial row's request is
 # counted by its final row).
 NOT_COUNTED = ("rejected", PARTIAL)
-# Output past a reservation is charged in steps of this many tokens (fewer where less is left).
-GROW_STEP = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,32 +71,6 @@ class Principal:
         # The key's scope is charged even without a policy of its own: its live counters.
         key = Scope(f"key {self.key.id}", self.key.limits or UNLIMITED)
         return (key, Scope(f"tenant {self.tenant.id}", self.tenant.limits))
-
-
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    """What a request was served, read when it ends."""
-
-    status: str  # completed | cancelled | error | rejected
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    completion_tokens: int = 0
-    queue_s: float | None = None
-    ttft_s: float | None = None
-
-
-NOTHING_SERVED = Outcome("error")
-
-
-class Served(Protocol):
-    """A request's service as its writes to the client go: announced, then reached or not."""
-
-    @property
-    def writing(self) -> bool: ...
-
-    def outcome(self, ahead: bool = False) -> Outcome: ...
-
-    def written(self, reached: bool) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,7 +148,7 @@ class Tenancy:
         self.ledger = LedgerWriter(self.sessions, clock=clock, journal=journal)
         self.admin_hash: str | None = None
         self._unknown: dict[str, float] = {}
-        self.guard = AuthGuard(
+        self.key_flood = KeyFloodBound(
             settings.auth_failures_per_minute, settings.unknown_key_lookups_per_s
         )
         self.fleet: Fleet | None = None
@@ -327,12 +300,12 @@ class Tenancy:
 
     async def authenticate(self, authorization: str | None, client: str = "") -> Principal:
         """The key's Principal, or 401/403; ``client`` (its address) bounds what failures
-        cost (``AuthGuard``)."""
+        cost (``KeyFloodBound``)."""
         now = self.clock()
         try:
             return await self._authenticate(authorization, client, now)
         except InvalidApiKey:
-            self.guard.failed(client, now)
+            self.key_flood.failed(client, now)
             raise
 
     async def _authenticate(self, authorization: str | None, client: str, now: float) -> Principal:
@@ -361,12 +334,12 @@ class Tenancy:
 
     async def _find_new(self, hashed: str, client: str, now: float) -> KeyView | None:
         """A key created outside this process (the CLI): one DB lookup, negatively cached,
-        within the guard's bounds."""
+        within the key-flood bounds."""
         if self._unknown.get(hashed, 0.0) > now:
             return None
-        wait = self.guard.blocked_for(client, now)
+        wait = self.key_flood.blocked_for(client, now)
         if wait is None:
-            wait = self.guard.take_lookup(now)
+            wait = self.key_flood.take_lookup(now)
         if wait is not None:
             raise too_many_failures(wait)
         async with self.sessions() as session:
@@ -380,7 +353,7 @@ class Tenancy:
     def headers(self, principal: Principal) -> dict[str, str]:
         return rate_headers(self.limiter.remaining(principal.scopes(), self.clock()))
 
-    async def reserve(self, principal: Principal, request_id: str, ask: Ask) -> Reservation:
+    async def reserve(self, principal: Principal, request_id: str, ask: Ask) -> Meter:
         now = self.clock()
         down = self.ledger.failing_since
         if down is not None and now - down > self.settings.ledger_outage_s:
@@ -395,7 +368,9 @@ class Tenancy:
         if denial is not None:
             raise rate_limited(denial)
         charge = self.limiter.charge(scopes, ask, now)
-        return Reservation(self, principal, request_id, charge, ask.prompt)
+        return Meter(
+            self.limiter, self.ledger, self.clock, principal.key, request_id, charge, ask.prompt
+        )
 
     def live(self, scope: str) -> LiveUsage:
         """The scope's use on this replica, plus the other replicas' as of their last
@@ -415,131 +390,3 @@ class Tenancy:
             raise InvalidApiKey("the admin API has no key configured", code="invalid_admin_key")
         if value is None or not same_digest(sha256_hex(value), wanted):
             raise InvalidApiKey("Incorrect admin key.", code="invalid_admin_key")
-
-
-class Reservation:
-    """One request's hold on its quotas; ``close`` settles it exactly once.
-
-    It is charged what reached its client (the ``Served`` it is bound to counts only the
-    writes that did), and each write is announced first (``sent``) so that the ledger's
-    journal holds it before the client does; a write that then fails (``written(False)``)
-    is taken back out of the journal at once. A failure that sent no output (a 500) is
-    charged nothing."""
-
-    def __init__(
-        self,
-        tenancy: Tenancy,
-        principal: Principal,
-        request_id: str,
-        charge: Charge,
-        prompt: int = 0,
-    ) -> None:
-        self._tenancy = tenancy
-        self._prompt = prompt
-        self._principal = principal
-        self._request_id = request_id
-        self._charge = charge
-        self._served: Served | None = None
-        self._written = (0, 0, 0)  # prompt, cached, completion tokens in partial rows
-
-    def bind(self, served: Served) -> None:
-        self._served = served
-        self._tenancy.ledger.watch(self)
-
-    def more(self, output_tokens: int) -> bool:
-        """May the request have produced ``output_tokens`` (all choices) in all? Output past
-        the reservation is charged as it comes; False where the quotas have nothing left."""
-        charge = self._charge
-        over = self._prompt + output_tokens - charge.tokens
-        if over <= 0 or charge.settled:
-            return not charge.settled
-        t = self._tenancy
-        return t.limiter.grow(charge, max(over, GROW_STEP), t.clock()) >= over
-
-    def sent(self) -> None:
-        """The client is about to be written what ``outcome(ahead=True)`` says: journal it."""
-        if self._charge.settled or self._served is None:
-            return
-        self._ahead(self._served.outcome(ahead=True))
-
-    @property
-    def writing(self) -> bool:
-        """A write was announced and has not ended yet."""
-        return self._served is not None and self._served.writing
-
-    def written(self, reached: bool) -> None:
-        """The write announced last ended; one that did not reach the client is journalled
-        out again (the cumulative row without it), so a crash now does not charge it."""
-        if self._served is None:
-            return
-        self._served.written(reached)
-        if not reached and not self._charge.settled:
-            self._ahead(self._served.outcome())
-
-    def _ahead(self, out: Outcome) -> None:
-        self._tenancy.ledger.ahead(self._total(out, self._tenancy.clock(), PARTIAL))
-
-    def progress(self) -> UsageRow | None:
-        """The tokens sent since the last partial row (the ledger asks at each flush)."""
-        if self._charge.settled or self._served is None:
-            return None
-        out = self._served.outcome()
-        if out.completion_tokens == self._written[2] or out.status == "rejected":
-            return None
-        return self._row(replace(out, status=PARTIAL), self._tenancy.clock())
-
-    def close(self) -> None:
-        if self._charge.settled:
-            return
-        t = self._tenancy
-        t.ledger.unwatch(self)
-        now = t.clock()
-        out = self._served.outcome() if self._served is not None else NOTHING_SERVED
-        served = out.status != "rejected" and self._served is not None
-        charged = _charged(out) if served else 0
-        t.limiter.settle(self._charge, charged, now, count_request=served)
-        t.ledger.ahead(self._total(out, now))
-        t.ledger.record(self._row(out, now))
-
-    def _total(self, out: Outcome, now: float, status: str | None = None) -> UsageRow:
-        """``out`` as one cumulative row: the request's whole service so far (``status``:
-        the row's instead of the outcome's)."""
-        key = self._principal.key
-        return UsageRow(
-            request_id=self._request_id,
-            tenant_id=key.tenant_id,
-            key_id=key.id,
-            slo_class=key.slo_class.value,
-            status=out.status if status is None else status,
-            prompt_tokens=out.prompt_tokens,
-            cached_tokens=out.cached_tokens,
-            completion_tokens=out.completion_tokens,
-            charged_tokens=_charged(out) if out.status != "rejected" else 0,
-            queue_s=out.queue_s,
-            ttft_s=out.ttft_s,
-            duration_s=now - self._charge.at,
-            started_at=self._charge.at,
-            finished_at=now,
-        )
-
-    def _row(self, out: Outcome, now: float) -> UsageRow:
-        """``out`` less what the partial rows already hold; they then hold all of it."""
-        total = self._total(out, now)
-        p0, c0, o0 = self._written
-        self._written = (out.prompt_tokens, out.cached_tokens, out.completion_tokens)
-        charged_before = p0 + o0 if o0 else 0  # partial rows exist once output was sent
-        return replace(
-            total,
-            prompt_tokens=out.prompt_tokens - p0,
-            cached_tokens=out.cached_tokens - c0,
-            completion_tokens=out.completion_tokens - o0,
-            charged_tokens=total.charged_tokens - charged_before,
-        )
-
-
-def _charged(out: Outcome) -> int:
-    """A request is charged its prompt and the output its client was sent; one that failed
-    before sending any output was not served, and is charged nothing."""
-    if out.status == "error" and out.completion_tokens == 0:
-        return 0
-    return out.prompt_tokens + out.completion_tokens

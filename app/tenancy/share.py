@@ -7,9 +7,13 @@
 A lease grants tokens and requests for a minute's quota. Requests are charged to the
 current lease only, in memory; it stops taking charges once spent, ``rotate_s`` old, or idle
 ``idle_s`` (nothing charged to it in flight), and is closed in the database (what it did not
-use given back) once every charge on it settled. Concurrency is a count of slots held by the
-replica: taken from the database when a request finds none free, given back when idle.
-Nothing here touches the database (``Fleet`` does).
+use given back) once every charge on it settled. A closed lease's use is counted by the fleet
+for a minute from ``last_at``: its last charge or the last settlement of a request charged to
+it, whichever came later. A request's tokens are all served by its settlement, so every token
+a lease served stays counted for at least 60 s after it was served, and the tokens served
+fleet-wide in any 60 s never exceed the limit (app/tenancy/leases.py). Concurrency is a
+count of slots held by the replica: taken from the database when a request finds none
+free, given back when idle. Nothing here touches the database (``Fleet`` does).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 
-from app.tenancy.limits import Limits
+from app.tenancy.quotas import Limits
 
 UNBOUNDED = sys.maxsize
 
@@ -31,7 +35,7 @@ class Lease:
     used_tokens: int = 0
     used_requests: int = 0
     holders: int = 0  # charges on it not yet settled
-    last_at: float = 0.0  # the last charge's time: when a closed lease's use is counted
+    last_at: float = 0.0  # its last charge or settlement: its use counts a minute from then
     taking: bool = True
 
     def tokens_left(self) -> int:
@@ -135,6 +139,8 @@ class Share:
             if id(lease) not in seen:
                 seen.add(id(lease))
                 lease.holders -= 1
+                # Its tokens were served until now: the fleet counts them a minute from here.
+                lease.last_at = max(lease.last_at, now)
         if hold.request_lease is not None and not count_request:
             hold.request_lease.used_requests -= 1
         if hold.slot:

@@ -1,4 +1,5 @@
-"""Executors: the real llama.cpp worker, a fake for tests, later a simulated one."""
+"""Executors: the real llama.cpp worker (``llama_cpp``) and a fake for tests; the simulator's
+is ``quanta_core.sim.executor``."""
 
 from quanta_core.engine.errors import (
     EngineDied,

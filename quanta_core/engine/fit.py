@@ -25,7 +25,7 @@ The rules, in order (each is what the measurements behind it found):
    the RAM, so a server beside other work does not take it all. ``QUANTA_KV_MEMORY_GB`` sets it.
 3. The context a sequence holds (``QUANTA_N_CTX``, the longest request: prompt + output).
    The model's training context when the budget holds ``min_slots`` of them, else halved
-   until it does, never below ``CTX_FLOOR`` (coding prompts of ~3.8k tokens and an answer).
+   until it does, never below ``CTX_FLOOR`` (a 4k-token prompt and a 1k answer).
 4. The slots (``QUANTA_N_SEQ_MAX``): as many of those contexts as the budget holds, up to
    ``max_slots`` (what the default policy runs at once on that device).
 5. Steps: on a GPU a pass of ``GPU_N_BATCH`` tokens and flash attention on; on a CPU
@@ -42,7 +42,11 @@ from dataclasses import dataclass, field, replace
 
 GiB = 1 << 30
 MiB = 1 << 20
-CTX_FLOOR = 4096  # the shortest default context a slot gets: ~3.8k-token prompts + answers
+# The shortest default context a slot gets: a 4,000-token prompt (coding traffic runs to
+# ~3.8k, the long suite's CPU bucket to 4k) and an answer of up to 1,024 tokens. Any multiple
+# of 256 suits llama.cpp's streams; a power of two would be 8192, which on a CPU's default
+# KV budget leaves fewer slots than twenty people at once need.
+CTX_FLOOR = 5120
 MIN_CTX = 256  # below this a slot holds no useful request
 CPU_RAM_FRACTION = 1 / 8
 # Twenty people at once (DESIGN.md) must each have a slot; beyond 32 sequences a 2-core CPU's

@@ -2,10 +2,11 @@
 
 Interactive requests have a time-to-first-token target and a per-token target; batch requests
 have a completion deadline. Defaults are sized for the reference machine (2 CPU cores,
-SmolLM2-135M: one sequence decodes at ~10 ms/token, a batched step takes 100–350 ms, prefill
-runs at ~220 tokens/s): a 256-token prompt alone prefills in ~1.2 s, so 2 s to the first token
-leaves room for a short queue, and 250 ms per token is slower than a busy batched step but
-still faster than anyone reads. A workload file overrides them per class.
+SmolLM2-135M; its figures in ``quanta_core/scheduler/slo.py``: one sequence decodes at ~18 ms
+a token, a batched step of 16 takes ~190 ms, prefill runs at ~155 tokens/s): a 128-token
+prompt alone prefills in ~0.85 s, so 2 s to the first token leaves room for a short queue,
+and 250 ms per token is slower than a busy batched step but still faster than anyone reads.
+A workload file overrides them per class.
 
 Two views of "met":
 

@@ -88,3 +88,10 @@ class StepLimits:
 
     max_running: int  # choices holding a sequence
     token_budget: int  # tokens in one step
+    # the most one step can carry at all (the engine's n_batch); 0: ``token_budget``. A
+    # policy may let a step go past its budget up to this (``quanta``: first tokens first).
+    pass_tokens: int = 0
+
+    @property
+    def most_tokens(self) -> int:
+        return max(self.pass_tokens, self.token_budget)

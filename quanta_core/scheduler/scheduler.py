@@ -120,7 +120,7 @@ class Scheduler:
         self.policy.set_predictor(self.predictor)
         self.token_budget = min(config.token_budget, info.n_batch)
         self.max_running = min(config.max_running, info.n_seq_max)
-        self.base_limits = StepLimits(self.max_running, self.token_budget)
+        self.base_limits = StepLimits(self.max_running, self.token_budget, info.n_batch)
         # The longest a sequence may grow: positions must fit the context and blocks the pool
         # (with one stream per sequence, its slot: n_ctx / n_seq_max cells).
         self.max_seq_tokens = (

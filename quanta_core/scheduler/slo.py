@@ -30,9 +30,11 @@ and the targets follow from it:
   busy machine (16 streams at ~190 ms per step: ~5 tokens/s each) takes ~3 minutes at worst
   and ~30 s with a fair share of a lightly loaded one; two minutes is a real deadline that
   leaves interactive traffic first claim on the machine.
-- ``batch_aging_s = 30``: a waiting batch request is promoted ahead of interactive traffic
-  after a quarter of its deadline, so it still has ~90 s to run (see ``SloPolicy`` for the
-  bound on its wait).
+- ``batch_aging_s = 30``: a batch request waiting a quarter of its deadline is promoted, so
+  it still has ~90 s to run. What promotion buys depends on the policy: under ``slo`` it goes
+  ahead of everything not promoted before it, interactive included (``SloPolicy`` bounds its
+  wait); under the default ``quanta`` it goes ahead of other batch only, never ahead of
+  interactive.
 
 These are the same targets ``quanta_core.metrics.slo`` scores goodput against.
 """
@@ -63,7 +65,7 @@ class SloConfig:
     interactive_ttft_s: float = 2.0
     interactive_itl_s: float = 0.25
     batch_deadline_s: float = 120.0
-    batch_aging_s: float = 30.0  # a batch request waiting this long goes ahead of interactive
+    batch_aging_s: float = 30.0  # a batch request waiting this long is promoted (see above)
     # Plan steps (at the cost model's high quantile) at this fraction of the ITL target: the
     # client's gap also holds the cycle's own time and the trip to the client, and the target
     # is a p99 while the margin is a p95 of a finite window.
@@ -109,6 +111,10 @@ class SloConfig:
     burst_quiet_s: float = 5.0
     burst_grace: float = math.inf
     burst_itl_s: float = 1.0  # while such a burst waits, steps may grow to this (smooth)
+    # While an interactive request waits for its first token below capacity, a step carries
+    # prefill up to this long, past the token budget (the ``quanta`` policy's first tokens
+    # first): the running streams' tokens ride along, a gap each no longer than this.
+    first_token_step_s: float = 1.0
     # The ``quanta`` policy's retry-after: when the projected first token, this fraction
     # later, is within the target. The projection errs both ways (the first-token
     # estimate's median absolute error is ~20 % in the scenario suite,

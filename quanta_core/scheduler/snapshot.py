@@ -23,7 +23,7 @@ from quanta_core.scheduler.choice import Choice
 from quanta_core.scheduler.policies.base import TenantStats
 
 DECISIONS_KEPT = 64  # the view lists the latest; older ones are gone
-STEPS_KEPT = 1024  # more than a rate window of steps at ~10 ms a step
+STEPS_KEPT = 1024  # a whole rate window's steps while a step takes 5 ms or more
 RATE_WINDOW_S = 5.0  # step time and tokens/s are over the steps of the last five seconds
 
 

@@ -1,7 +1,7 @@
 """Workloads as pure data: tenants, length distributions, arrival processes, trace replay.
 
-Shared by ``quanta bench`` (which sends the plan over HTTP) and the simulator (which will
-feed the same plan to the scheduler on the virtual clock).
+Shared by ``quanta bench`` (which sends the plan over HTTP) and the simulator (which feeds
+the same plan to the scheduler on the virtual clock).
 """
 
 from quanta_core.workload.arrivals import arrival_times, gamma_gap

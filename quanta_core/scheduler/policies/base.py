@@ -3,8 +3,9 @@
 A policy decides the waiting queue's order, whether the next request may be admitted now, and
 whom to evict when memory runs out. It never touches KV memory; the scheduler does, with the
 same code for every policy. ``baselines`` holds ``sequential``, ``static`` and ``fcfs``;
-``fair`` holds ``vtc`` and ``slo``; ``horizon`` and ``quanta`` have a module each (``quanta``'s
-rules: docs/policies.md); all are made by name in the package's ``make_policy``.
+``fair`` holds ``vtc`` and ``slo`` (their counters in ``vtc``); ``horizon`` and ``quanta``
+have a module each (``quanta``'s rules: docs/policies.md); all are made by name in the
+package's ``make_policy``.
 
 The decisions, in the order of a cycle (each a no-op or the configured value here):
 

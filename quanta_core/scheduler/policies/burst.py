@@ -11,16 +11,15 @@ than the inter-token-sized set, and no interactive request was refused in the la
       └──── queue empty, streams few, ────┘
             no refusal for quiet_s
 
-While a member waits for its first token, steps may grow (``pace_s``): as long as every
-decoding interactive stream still ends its answer within the inter-token target on average;
-once a member has waited ``owed_after_s`` its first token is owed and steps may grow to
-``step_s`` whatever the pace (``owed_s``).
+While a member waits for its first token the running set may grow to what a step of
+``step_s`` holds (``QuantaPolicy.running_cap``), and its first token is owed
+(``QuantaPolicy.first_tokens_owed``).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from quanta_core.requests import SloClass
@@ -33,8 +32,7 @@ class BurstRule:
     window_s: float  # an arrival this soon after the last calm moment is in a burst
     quiet_s: float  # an interactive refusal this recent: not calm
     grace_s: float  # a member may be admitted this far past its first-token target
-    step_s: float  # the longest step while a member waits (the smooth gap, planned)
-    owed_after_s: float  # a member queued this long is owed its first token
+    step_s: float  # the set's step while a member waits (the smooth gap, planned)
 
     @classmethod
     def from_config(cls, config: SloConfig) -> BurstRule:
@@ -43,7 +41,6 @@ class BurstRule:
             quiet_s=config.burst_quiet_s,
             grace_s=config.burst_grace * config.interactive_ttft_s,
             step_s=config.burst_itl_s * config.grow_headroom,
-            owed_after_s=config.interactive_ttft_s / 2,
         )
 
 
@@ -81,36 +78,3 @@ class CalmBurst:
         """Whether a member still waits for its first token (the others are let go)."""
         self.members = {r for r in self.members if r.first_token is None and not r.is_finished}
         return bool(self.members)
-
-    def owed_s(self, now: float, queued: Iterable[Choice]) -> float:
-        """``step_s`` while a member of ``queued`` has waited ``owed_after_s``, else 0. Its
-        first token is owed: held back for the running streams' inter-token average, it
-        would wait behind them for a free slot (a machine slower than the cost model's
-        prior, or loaded, puts every decode step near the target and leaves no slack to
-        pace with), while one longer step costs each of them one gap under the smooth
-        bound."""
-        for r in queued:
-            if r in self.members and now - r.arrival >= self.rule.owed_after_s:
-                return self.rule.step_s
-        return 0.0
-
-
-def pace_s(
-    decoding: Sequence[Choice],
-    now: float,
-    itl_s: float,
-    decode_step_s: float,
-    outputs_left: Callable[[Choice], int],
-) -> float:
-    """The longest step after which every one of ``decoding`` (interactive streams past
-    their first token) still ends its answer within ``itl_s`` a token on average: its gaps
-    so far, this step, and its expected remaining tokens at ``decode_step_s`` each; inf
-    when none decodes."""
-    allowed = math.inf
-    for r in decoding:
-        assert r.first_token is not None
-        left = outputs_left(r)  # tokens still to come, this one too
-        gaps = r.num_output - 1 + left  # of the whole answer
-        spent = now - r.first_token
-        allowed = min(allowed, itl_s * gaps - spent - (left - 1) * decode_step_s)
-    return allowed

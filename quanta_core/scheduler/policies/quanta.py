@@ -26,10 +26,14 @@ the step-cost model, batch aging). docs/policies.md maps each rule to its tests.
     its retry-after leaves ``retry_margin`` for the projection to be wrong.
  7. Load grace (``load.OfferedLoad``): below capacity (the interactive work admitted over
     ``load_window_s`` under that time) a request late in the projection is queued.
- 8. Calm burst (``burst.CalmBurst``, ``burst.pace_s``): a burst on a calm machine is
-    queued up to ``burst_grace`` targets late; while it waits for first tokens the set may
-    grow to ``burst_itl_s`` and steps carry what the streams can absorb, and a member that
-    waited half its target is owed its token.
+ 8. Calm burst (``burst.CalmBurst``): a burst on a calm machine is queued up to
+    ``burst_grace`` targets late, and while it waits for first tokens the set may grow to
+    ``burst_itl_s``.
+ 8b. First tokens first (``first_tokens_owed``, ``first_token_budget``): while an
+    interactive request waits for its first token and the machine is not over capacity, a
+    step carries the waiting prompts' tokens up to ``first_token_step_s`` (past the token
+    budget, up to the engine's pass), the streams' tokens riding along; batch prefill does
+    not pad it. Over capacity the inter-token target bounds every step.
  9. Memory (``memory.MemoryGate``): a request starts only if the running set and it, each
     growing to its predicted end, fit the KV pool at every future completion (MC-SF).
 10. Weighted shares per step (``shares.held_back``): a tenant leading the lowest running
@@ -50,7 +54,7 @@ from quanta_core.scheduler.admission import AdmissionVerdict
 from quanta_core.scheduler.choice import Choice
 from quanta_core.scheduler.config import PolicyName, SchedulerConfig, StepLimits
 from quanta_core.scheduler.policies.base import Policy, StartDecision
-from quanta_core.scheduler.policies.burst import BurstRule, CalmBurst, pace_s
+from quanta_core.scheduler.policies.burst import BurstRule, CalmBurst
 from quanta_core.scheduler.policies.class_policy import ClassPolicy, prefilling
 from quanta_core.scheduler.policies.isolation import batch_victims
 from quanta_core.scheduler.policies.load import OfferedLoad
@@ -104,7 +108,7 @@ class QuantaPolicy(ClassPolicy):
         self.estimates: deque[tuple[float, float]] = deque(maxlen=1000)
         # this cycle's (``limits``), besides ``ClassPolicy``'s
         self._itl_cap = 1  # the running set the inter-token target allows
-        self._ttft_first = False  # a burst member waits for its first token
+        self._ttft_first = False  # first tokens are owed (``first_tokens_owed``)
         self._queued_due = math.inf  # the earliest first-token due among queued interactive
 
     @classmethod
@@ -123,46 +127,74 @@ class QuantaPolicy(ClassPolicy):
 
     def limits(self, running: Collection[Choice], base: StepLimits) -> StepLimits:
         self._running = running
-        self._ttft_first = self.burst.waiting()
+        burst = self.burst.waiting()
         context = mean_context(running)
         self._itl_cap = self.running_cap(base, context=context)
-        cap = self.running_cap(base, True, context) if self._ttft_first else self._itl_cap
+        cap = self.running_cap(base, True, context) if burst else self._itl_cap
         self._cap = cap
         queued = self.queue.classes[_INTERACTIVE]
         inter = [r for r in running if r.slo_class is _INTERACTIVE]
+        self._ttft_first = self.first_tokens_owed(inter, len(queued) > 0, burst)
         self._batch_yields = len(queued) > 0 or any(prefilling(r) for r in inter)
-        budget = self.step_budget(running, inter, base, cap, context) if inter else None
-        self._limits = StepLimits(cap, base.token_budget if budget is None else budget)
+        budget = base.token_budget
+        if inter:
+            budget = self.step_budget(running, base, cap, context)
+        if self._ttft_first:
+            budget = max(budget, self.first_token_budget(running, inter, base, context))
+        self._limits = StepLimits(cap, budget, base.pass_tokens)
         self._queued_due = earliest_due(queued, self.admission.dues)
         return self._limits
 
     def step_budget(
+        self, running: Collection[Choice], base: StepLimits, cap: int, context: float
+    ) -> int:
+        """The tokens of a step that every running stream gets its token in, and one
+        arrival its first chunk if it fits, within the inter-token target."""
+        n_seqs = max(len(running), min(len(running) + 1, cap))
+        start = max((r.num_computed_tokens for r in running if prefilling(r)), default=0)
+        return self.cost.max_tokens(n_seqs, self._itl_target, base.token_budget, context, start)
+
+    def first_tokens_owed(self, inter: Sequence[Choice], queued: bool, burst: bool) -> bool:
+        """First tokens first: an interactive request waits for its first token (queued, or
+        its prompt in progress) and the machine is not over capacity (a calm ``burst``
+        member waits, or the interactive work admitted lately is below what the engine
+        serves and nothing was refused in the last ``burst_quiet_s``)."""
+        if not queued and not any(r.first_token is None for r in inter):
+            return False
+        if burst:
+            return True
+        if self._now - self.burst.refused_at < self.burst.rule.quiet_s:
+            return False
+        return self.load.load(self._now) < 1.0
+
+    def first_token_budget(
         self,
         running: Collection[Choice],
         inter: Sequence[Choice],
         base: StepLimits,
-        cap: int,
         context: float,
-    ) -> int | None:
-        """The tokens of a step that every running stream gets its token in, and one
-        arrival its first chunk if it fits, within the inter-token target; while a burst
-        member waits, within the longer of that, the streams' pace and its owed token
-        (``burst``). None: only the configured budget bounds it."""
-        n_seqs = max(len(running), min(len(running) + 1, cap))
-        step_s = self._itl_target
-        if self._ttft_first:
-            queued = self.queue.classes[_INTERACTIVE]
-            decoding = [r for r in inter if r.first_token is not None]
-            n = min(cap, len(running) + len(queued))
-            decode_s = self.mean.decode_step_s(max(n, 1), context)
-            pace = pace_s(
-                decoding, self._now, self._itl_target, decode_s, self.admission.est.outputs_left
-            )
-            step_s = max(step_s, pace, self.burst.owed_s(self._now, queued))
-        if step_s == math.inf:
-            return None
-        start = max((r.num_computed_tokens for r in running if prefilling(r)), default=0)
-        return self.cost.max_tokens(n_seqs, step_s, base.token_budget, context, start)
+    ) -> int:
+        """The tokens of a step while first tokens are owed: the running sequences' tokens
+        and the interactive prompts still to compute (running and queued), up to what a
+        step of ``first_token_step_s`` holds, or the engine's pass (``pass_tokens``). Batch
+        prefill does not pad such a step: it is what the waiting prompts need.
+
+        Why: on a CPU a prompt of 1,000 tokens takes seconds, so a prefill paced for the
+        running streams' inter-token target (chunks between decode steps) leaves the later
+        prompts of a burst crawling once the first decode. In the stream layout every step
+        that carries a chunk beside decodes costs one pass more, and a decode-only step
+        moves no prompt forward: the prompts waiting are best served by long steps that
+        carry them, the decodes riding along (each stream still a token a step, a gap no
+        longer than ``first_token_step_s``), earliest due first (``prefill_order``)."""
+        n_seqs = max(len(running), 1)
+        need = sum(r.num_tokens - r.num_computed_tokens for r in inter if prefilling(r))
+        need += sum(r.num_tokens for r in self.queue.classes[_INTERACTIVE])
+        need += sum(1 for r in running if not prefilling(r))
+        start = max((r.num_computed_tokens for r in inter if prefilling(r)), default=0)
+        most = self.cost.max_tokens(
+            n_seqs, self.config.first_token_step_s, base.most_tokens, context, start
+        )
+        return min(need, most)
 
     def room(self, n_seqs: int, n_tokens: int) -> int | None:
         if self._ttft_first or not any(r.slo_class is _INTERACTIVE for r in self._running):
@@ -179,7 +211,7 @@ class QuantaPolicy(ClassPolicy):
         return yields_to_queued(r, self._queued_due, self.admission.dues)
 
     def full_budget_prefill(self) -> bool:
-        return self._ttft_first
+        return bool(self.burst.members)  # a calm burst's, as admission priced it
 
     # ---- 4, 10: who of the running gets tokens first, who sits out ----
 

@@ -7,7 +7,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from app.openai.sampling import chat_plan, completion_plan
+from app.openai.prompt_plan import chat_plan, completion_plan
 from app.openai.schemas import ChatCompletionRequest, CompletionRequest
 from app.server.errors import ApiError, ContextLengthExceeded
 from tests.fakes import ByteTokenizer, FakeGrammars

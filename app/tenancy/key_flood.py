@@ -1,6 +1,6 @@
 """What a flood of bad API keys may cost: a bounded number of database lookups, nothing more.
 
-A known key is found in memory (an HMAC and a dict lookup) and never waits on this guard. A
+A known key is found in memory (an HMAC and a dict lookup) and never waits on these bounds. A
 key not in memory may be one the CLI made while the server runs, so it costs one database
 lookup; a flood of made-up keys would make that one lookup per request. Two bounds:
 
@@ -33,7 +33,7 @@ class _Failures:
     count: int = 0
 
 
-class AuthGuard:
+class KeyFloodBound:
     def __init__(self, failures_per_minute: int, lookups_per_s: float) -> None:
         self._limit = failures_per_minute
         self._rate = lookups_per_s
