@@ -754,7 +754,8 @@ def test_batch_alone_runs_at_the_inter_token_size_leaving_the_reserve() -> None:
 
 def test_running_batch_decodes_yield_the_step_to_an_interactive_prefill() -> None:
     # Four batch streams decode; an interactive prompt arrives: its first chunk takes the
-    # whole token budget and batch gets what is left (nothing), not the step's first tokens.
+    # whole token budget (or more: first tokens first) and batch gets what is left
+    # (nothing), not the step's first tokens.
     budget = 64
     cfg = SloConfig(burst_window_s=0.0)
     h = Harness.make(
@@ -766,7 +767,7 @@ def test_running_batch_decodes_yield_the_step_to_an_interactive_prefill() -> Non
         h.cycle()
     h.submit("i", prompt(200, base=500), max_tokens=5, slo_class=INTER)
     chunk = {s.owner: len(s.tokens) for s in h.cycle().slices}
-    assert chunk == {"i/0": budget}
+    assert list(chunk) == ["i/0"] and chunk["i/0"] >= budget
 
 
 def test_running_batch_does_not_count_against_an_interactive_arrival() -> None:
