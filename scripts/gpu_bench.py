@@ -727,7 +727,10 @@ def cmd_long(args: argparse.Namespace) -> dict[str, Any]:
         groups.setdefault(0 if need <= 8192 else -(-need // 1024) * 1024, []).append(point)
     for n_ctx, group in groups.items():
         settings = {"QUANTA_N_CTX": str(n_ctx)} if n_ctx else {}
-        server, key = quanta_server(args.model, settings=settings)
+        # The step trace (what each step ran, and its cost) changes no decision: it is for
+        # reading where a point's time went, and for the simulator's check.
+        trace = {"QUANTA_STEP_TRACE": str(state / f"steps-long-{n_ctx or 'default'}.jsonl")}
+        server, key = quanta_server(args.model, extra=trace, settings=settings)
         server.start()  # it prints the engine layout it chose (pipeline.log)
         try:
             for prompt, output, n in group:
