@@ -9,7 +9,7 @@ import pytest
 
 from quanta_core.clock import VirtualClock
 from quanta_core.engine.fake import FakeExecutor
-from quanta_core.scheduler import POLICIES, Scheduler, SchedulerConfig, SloConfig
+from quanta_core.scheduler import POLICIES, PolicyName, Scheduler, SchedulerConfig, SloConfig
 from quanta_core.scheduler.step_cost import StepCostModel
 from quanta_core.scheduler.warmup import warm_up
 from quanta_core.sim.cost_model import CostModel
@@ -34,7 +34,7 @@ def _warmed(cost_model: str, n_ctx: int, n_seq_max: int, n_batch: int) -> StepCo
         FakeExecutor().info, n_ctx=n_ctx, n_seq_max=n_seq_max, n_batch=n_batch, kv_unified=False
     )
     ex = SimExecutor(info, model)
-    config = SchedulerConfig(policy="quanta", token_budget=n_batch, max_running=n_seq_max)
+    config = SchedulerConfig(policy=PolicyName.QUANTA, token_budget=n_batch, max_running=n_seq_max)
     sched = Scheduler(config, ex.info, VirtualClock())
     warm_up(sched, ex)
     cost = sched.policy.cost  # type: ignore[attr-defined]
