@@ -5,6 +5,8 @@
     gpu_bench.py llama --model M --out DIR --llama-server BIN    Quanta vs llama-server
     gpu_bench.py long --model M --out DIR --llama-server BIN     real prompt lengths: Quanta's
                                                 defaults vs llama-server -np N, 128 to 16k
+    gpu_bench.py replay --model M --out DIR --llama-server BIN   the conversation trace at its
+                                                recorded lengths: goodput, Quanta vs llama-server
     gpu_bench.py calibrate --model M --out DIR  a cost model of this machine, and the simulator's
                                                 predictions of two served runs against it
 
@@ -727,7 +729,10 @@ def cmd_long(args: argparse.Namespace) -> dict[str, Any]:
         groups.setdefault(0 if need <= 8192 else -(-need // 1024) * 1024, []).append(point)
     for n_ctx, group in groups.items():
         settings = {"QUANTA_N_CTX": str(n_ctx)} if n_ctx else {}
-        server, key = quanta_server(args.model, settings=settings)
+        # The step trace (what each step ran, and its cost) changes no decision: it is for
+        # reading where a point's time went, and for the simulator's check.
+        trace = {"QUANTA_STEP_TRACE": str(state / f"steps-long-{n_ctx or 'default'}.jsonl")}
+        server, key = quanta_server(args.model, extra=trace, settings=settings)
         server.start()  # it prints the engine layout it chose (pipeline.log)
         try:
             for prompt, output, n in group:
@@ -781,6 +786,36 @@ def cmd_long(args: argparse.Namespace) -> dict[str, Any]:
     (args.out / "long.toml").unlink(missing_ok=True)
     PARTIAL_FILE.unlink()
     return out
+
+
+# ---- the conversation trace ----
+
+# The long suite's replay sized for one device call: this share of its 400 requests, at
+# arrivals fitted to a machine this many times faster than the reference CPU (what the
+# H100 served at 64 x 2,000 in prompt-token units, issue 38's capacity model).
+REPLAY_SCALE = 0.3
+REPLAY_SPEED_FACTOR = 0.055
+
+
+def cmd_replay(args: argparse.Namespace) -> dict[str, Any]:
+    """``quanta bench scenarios --suite long --only conv-replay``: the Azure conversation
+    trace at its recorded lengths, Quanta (nothing set but the model) and llama-server -np 64
+    from the same client; goodput at the interactive targets."""
+    out = records_dir(args.out) / "scenarios"
+    argv = ["quanta", "bench", "scenarios", "--suite", "long", "--only", "conv-replay",
+            "--servers", "quanta,llama-server", "--gpu", "--speed-factor",
+            str(REPLAY_SPEED_FACTOR), "--scale", str(REPLAY_SCALE), "--model", args.model,
+            "--llama-server", args.llama_server, "--threads", str(os.cpu_count() or 1),
+            "--out", str(out)]  # fmt: skip
+    log("replay:", " ".join(argv))
+    done = subprocess.run(argv, capture_output=True, text=True)
+    figures = out / "figures.json"
+    return {
+        "argv": argv,
+        "returncode": done.returncode,
+        "output": done.stdout[-6000:] + done.stderr[-3000:],
+        "figures": json.loads(figures.read_text()) if figures.exists() else None,
+    }
 
 
 # ---- calibrate ----
@@ -951,7 +986,7 @@ def environment() -> dict[str, Any]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("bench", choices=["serve", "llama", "long", "calibrate"])
+    parser.add_argument("bench", choices=["serve", "llama", "long", "replay", "calibrate"])
     parser.add_argument("--model", required=True)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--llama-server", default="llama-server")
@@ -975,7 +1010,7 @@ def main() -> int:
     SMALL = args.small
     args.out.mkdir(parents=True, exist_ok=True)
     commands = {"serve": cmd_serve, "llama": cmd_llama, "long": cmd_long,
-                "calibrate": cmd_calibrate}  # fmt: skip
+                "replay": cmd_replay, "calibrate": cmd_calibrate}  # fmt: skip
     result = {"bench": args.bench, "environment": environment(), **commands[args.bench](args)}
     name = f"{args.bench}-{args.tag}" if args.tag else args.bench
     (args.out / f"{name}.json").write_text(json.dumps(result, indent=1))

@@ -91,7 +91,7 @@ done
 # alembic.ini and migrations/ beside them (app/db/migrate.py); on the device it goes first on
 # PYTHONPATH. The working tree's files, uncommitted edits included.
 git -C "$ROOT" ls-files -co --exclude-standard -- app quanta_core migrations alembic.ini \
-    pyproject.toml scripts config bench/workloads |
+    pyproject.toml scripts config bench/workloads bench/traces |
     tar -C "$ROOT" -czf "$DEST/quanta-src.tar.gz" -T -
 if [[ -n "${BEFORE:-}" ]]; then
     git -C "$ROOT" archive --format=tar.gz -o "$DEST/quanta-before-src.tar.gz" "$BEFORE" -- \

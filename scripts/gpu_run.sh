@@ -19,6 +19,7 @@
 #        llama     llama-server vs Quanta: 200 at once x 256 tokens, interactive-vs-batch flood
 #        long      real prompt lengths (2k to 16k): Quanta's defaults vs llama-server -np N,
 #                  and llama-batched-bench's decode rate by KV layout
+#        replay    the conversation trace at its recorded lengths: goodput vs llama-server
 #        calibrate `quanta calibrate` on this machine (cost model), then two served runs (the
 #                  crowd, a steady day) and the simulator's prediction of each
 # Everything built stays in $WORK (default /tmp/quanta-gpu) so that later calls on the same warm
@@ -178,7 +179,7 @@ for bench in "$@"; do
     case "$bench" in
         check) check ;;
         build) build ;;
-        serve | llama | long | calibrate)
+        serve | llama | long | replay | calibrate)
             build
             env_quanta
             log "bench $bench"

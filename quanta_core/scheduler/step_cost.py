@@ -46,7 +46,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from quanta_core.scheduler.slo import SloConfig
@@ -158,6 +158,20 @@ class StepCostModel:
         ranked = self._ranked
         k = min(int(self.quantile * len(ranked)), len(ranked) - 1)
         self.margin = max(ranked[k], 1.0)
+
+    def reseed(self, theta: Vec) -> None:
+        """Make ``theta`` (four terms, attention's included: ``fit_steps``, measured on this
+        machine) the prior, and forget what was learnt against the old one: its line was
+        learnt with the old attention price taken out, and its margin against its mean."""
+        self.prior_theta = theta
+        for i in range(_N):
+            self._b0[i] = self._a0[i][i] * theta[i]
+            self._b[i] = 0.0
+            self._a[i] = [0.0] * _N
+        self.theta = theta
+        self._ratios.clear()
+        self._ranked.clear()
+        self.margin = 1.0
 
     # ---- what the policies ask ----
 
@@ -286,3 +300,58 @@ def _prefill_s(
 
 def _dot(a: Vec, b: Vec) -> float:
     return a[0] * b[0] + a[1] * b[1] + a[2] * b[2] + a[3] * b[3]
+
+
+Sample = tuple[int, int, float, float]  # (sequences, tokens, thousand pairs, seconds)
+_FIT_FLOOR: Vec = (0.0, 1e-6, 1e-6, 0.0)
+
+
+def fit_steps(samples: Sequence[Sample], prior: Vec, ridge: float = 1e-3) -> Vec:
+    """The four terms (base, per sequence, per token, per thousand attended pairs) that fit
+    ``samples`` best in least squares, relative error weighted (a short step counts as much
+    as a long one): the warm-up's measurement of a machine. ``ridge`` pulls each term a
+    little towards ``prior``, so that a direction the samples do not excite stays there."""
+    n = 4
+    a = [[0.0] * n for _ in range(n)]
+    b = [0.0] * n
+    for n_seqs, n_tokens, pairs_k, seconds in samples:
+        if seconds <= 0:
+            continue
+        x = _features(n_seqs, n_tokens, pairs_k)
+        w = 1.0 / (seconds * seconds)
+        for i in range(n):
+            b[i] += w * x[i] * seconds
+            for j in range(n):
+                a[i][j] += w * x[i] * x[j]
+    for i in range(n):  # the ridge, on the data's own scale of each term
+        reg = ridge * max(a[i][i], 1e-12)
+        a[i][i] += reg
+        b[i] += reg * prior[i]
+    theta = _solve_n(a, b)
+    if theta is None:
+        return prior
+    return (
+        max(theta[0], _FIT_FLOOR[0]),
+        max(theta[1], _FIT_FLOOR[1]),
+        max(theta[2], _FIT_FLOOR[2]),
+        max(theta[3], _FIT_FLOOR[3]),
+    )
+
+
+def _solve_n(a: Mat, b: list[float]) -> list[float] | None:
+    """``a x = b`` for square ``a`` by Gaussian elimination with partial pivoting."""
+    n = len(b)
+    m = [[*row, b[i]] for i, row in enumerate(a)]
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(m[r][col]))
+        if abs(m[pivot][col]) < 1e-30:
+            return None
+        m[col], m[pivot] = m[pivot], m[col]
+        for r in range(col + 1, n):
+            f = m[r][col] / m[col][col]
+            for c in range(col, n + 1):
+                m[r][c] -= f * m[col][c]
+    x = [0.0] * n
+    for r in range(n - 1, -1, -1):
+        x[r] = (m[r][n] - sum(m[r][c] * x[c] for c in range(r + 1, n))) / m[r][r]
+    return x
