@@ -17,30 +17,22 @@ RUN_FLAGS = {"model_path": "--model", "grace_s": "--grace"}
 def build_cli() -> typer.Typer:
     """Every command. Their modules are imported here, not at the top: ``quanta sim`` (see
     ``main``) needs none of the others' (the tenancy commands alone pull in the database
-    stack, a large share of a simulation's start-up)."""
+    stack, a large share of a simulation's start-up). The lab's commands (``app.lab.cli``)
+    need the ``lab`` extra; without it they say so and the others work."""
     from app.admin.cli import audit, keys_cli, quotas_cli, tenants_cli, usage
     from app.fleet.command import fleet
-    from app.lab.bench.cli import bench_cli
-    from app.lab.calibrate.command import calibrate
-    from app.lab.sim import sim
-    from app.lab.steps import step_replay, step_report
-    from app.lab.sweep import sweep
+    from app.lab.cli import add_lab_commands
     from app.tenancy.cli import migrate
 
     cli = typer.Typer(help=HELP, no_args_is_help=True)
     cli.callback()(_options)
-    cli.add_typer(bench_cli, name="bench")
     cli.command()(migrate)
     cli.add_typer(tenants_cli, name="tenants")
     cli.add_typer(keys_cli, name="keys")
     cli.add_typer(quotas_cli, name="quotas")
     cli.command()(usage)
     cli.command()(audit)
-    cli.command()(calibrate)
-    cli.command()(sim)
-    cli.command()(sweep)
-    cli.command(name="step-report")(step_report)
-    cli.command(name="step-replay")(step_replay)
+    add_lab_commands(cli)
     cli.command()(run)
     cli.command()(fleet)
     cli.command()(version)
@@ -150,7 +142,10 @@ def version() -> None:
 
 def main() -> None:
     # A simulation imports only what it runs: whole-process time is what issue 22 measures.
-    command = sim_cli() if sys.argv[1:2] == ["sim"] else build_cli()
+    from app.lab.cli import missing_libraries
+
+    alone = sys.argv[1:2] == ["sim"] and not missing_libraries()
+    command = sim_cli() if alone else build_cli()
     command()
 
 

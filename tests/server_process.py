@@ -1,30 +1,23 @@
-"""A real ``quanta run`` process on a free port, for tests that drive it over HTTP."""
+"""A real ``quanta run`` process on a free port, for tests that drive it over HTTP: on a copy
+of the session's migrated database (``tests.tenancy_setup``), waited for by the lab's harness
+(``app.lab.server``)."""
 
 from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
-
+from app.lab.server import free_port, wait_ready
 from tests.tenancy_setup import ADMIN_KEY, TenancyDb, fresh_db
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -48,20 +41,11 @@ class ServerProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def wait_ready(self, timeout_s: float = 120.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"quanta run exited with {self.process.returncode}")
-            try:
-                status = httpx.get(f"{self.url}/readyz", timeout=1.0).status_code
-            except httpx.TransportError:
-                status = None
-            if status == 200:
-                return
+        def not_ready(status: int) -> None:
             if status == 503:
                 self.seen_not_ready = True
-            time.sleep(0.05)
-        raise TimeoutError("quanta run did not become ready")
+
+        wait_ready(self.process, f"{self.url}/readyz", timeout_s, on_status=not_ready)
 
     def stop(self, timeout_s: float = 30.0) -> int:
         if self.process.poll() is None:

@@ -6,9 +6,9 @@ import argparse
 
 import pytest
 
+from app.lab.measure.settings_ab import decode_batch, settings_arg, step_figures
 from quanta_core.sim.cost_model import StepFeatures
 from quanta_core.sim.step_trace import StepRecord
-from scripts.bench_settings_ab import decode_batch, settings_arg, step_figures
 
 
 def decode(streams: int) -> StepFeatures:

@@ -1,4 +1,4 @@
-"""scripts/fidelity_repeat.py: real runs of one workload against each other, on committed runs."""
+"""quanta bench fidelity repeat: real runs of one workload against each other, on committed runs."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts.fidelity_repeat import compare_pair, main, runs_by_key
+from app.lab.fidelity.repeat import compare_pair, main, runs_by_key
 
 FIDELITY = Path("bench/results/fidelity")
 EARLIER = Path("tests/data/fidelity-earlier")  # the same workload, run earlier that day

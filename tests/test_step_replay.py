@@ -11,13 +11,13 @@ import pytest
 from typer.testing import CliRunner
 
 from app.cli import cli
+from app.lab.fidelity.replay import load_replays, peers
 from quanta_core.engine.fake import FakeExecutor
 from quanta_core.engine.types import SeqSlice, StepPlan, StepResult, Truncate
 from quanta_core.sim.cost_model import CostModel
 from quanta_core.sim.executor import SimExecutor
 from quanta_core.sim.replay import compare_replay, replay
 from quanta_core.sim.step_trace import StepRecord, StepTracer, read_trace
-from scripts.fidelity_replay import load_replays, peers
 
 MODEL = CostModel(per_pass=0.01, per_decode=0.002, per_prefill=0.003)
 PLANS = [
@@ -154,7 +154,7 @@ def test_step_replay_refuses_a_trace_without_plans(tmp_path: Path) -> None:
     assert not (tmp_path / "a").exists()
 
 
-# ---- scripts/fidelity_replay.py: what it reads of the fidelity runs ----
+# ---- quanta bench fidelity replay: what it reads of the fidelity runs ----
 
 
 def test_fidelity_replay_reads_each_replayed_run_and_takes_the_toll_from_its_policys_peers(

@@ -10,6 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from app.cli import cli
+from app.lab.fidelity.cross import cross_model
 from quanta_core.engine.fake import FakeExecutor
 from quanta_core.engine.types import SeqSlice, Stash, StepPlan
 from quanta_core.sim.cost_model import CostModel, StepFeatures, features_of
@@ -24,7 +25,6 @@ from quanta_core.sim.step_trace import (
     server_cost_of,
     speed_profile,
 )
-from scripts.fidelity_cross import cross_model
 
 MODEL = CostModel(per_pass=0.01, per_decode=0.002, per_prefill=0.003)
 

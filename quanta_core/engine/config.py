@@ -37,7 +37,7 @@ class EngineConfig:
     # After each reply, how long the worker polls for the next call (yielding its CPU between
     # polls) before it sleeps on the socket: waking a sleeping worker costs about a tenth of a
     # millisecond of every step, and a polling one keeps the engine's steps faster too
-    # (bench/results/ab/, scripts/bench_settings_ab.py).
+    # (bench/results/ab/, quanta bench settings-ab).
     call_spin_s: float = 0.002
     # After each step's reply, decode the tokens it sampled at once, before the next plan
     # comes (worker.py): that plan's decodes are then ready. For a GPU engine, whose decode

@@ -46,7 +46,7 @@ What each term stands for on llama.cpp's CPU backend:
                     masking them. Cheaper per cell than the batch's own (their cells lie
                     together, the batch's interleave), not free: beside 2,048 idle cells a
                     decode of 1 sequence took 16 % longer, of 16 sequences 7 %
-                    (scripts/bench_cached_cells.py).
+                    (quanta bench cached-cells).
   per_stream_read   with a KV stream per sequence (``kv_unified=False``) a micro-batch
   per_stream_kv     spans ``n_kv`` cells of each of its sequences' streams: the longest of
                     them once the micro-batch is in, padded to 256, at least 256, at most a

@@ -7,9 +7,9 @@ The real inter-token gap is the engine's step plus this; the simulator adds it t
 
     server_s = per_cycle_s + per_token_s * tokens handed out (sampled slices)
 
-Measured on the real server by ``scripts/bench_http_overhead.py`` (HTTP streaming against the
+Measured on the real server by ``quanta bench http-overhead`` (HTTP streaming against the
 engine alone at 1, 8 and 16 streams; its ``server_cost``), or read from real servers' step
-traces (``scripts/fidelity_server_cost.py``: the gap before each step and its boundary), given
+traces (``quanta bench fidelity server-cost``: the gap before each step and its boundary), given
 to ``quanta sim`` with ``--server-cycle-ms`` and ``--server-token-ms``.
 
 A request also costs the server its intake before the scheduler sees it (its HTTP handler:

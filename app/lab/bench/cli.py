@@ -34,7 +34,10 @@ from quanta_core.workload import (
     WorkloadSpec,
 )
 
-bench_cli = typer.Typer(help="Measure a running OpenAI-compatible server.", no_args_is_help=True)
+bench_cli = typer.Typer(
+    help="Measurements: load against a server (run, scenarios), and each part alone.",
+    no_args_is_help=True,
+)
 console = Console()
 
 

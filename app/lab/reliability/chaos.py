@@ -1,6 +1,6 @@
 """Chaos: the engine killed every ~20 s under load, the server killed and restarted twice.
 
-    python -m app.lab.reliability.chaos --minutes 5
+    quanta bench reliability chaos --minutes 5
 
 Every request must end whole (``completed``: tokens received == its usage) or with a clear
 error (an HTTP error, an error event in the stream); a request cut by the server's own
@@ -167,7 +167,3 @@ def main() -> None:
     parser.add_argument("--name", default="chaos")
     args = parser.parse_args()
     run_and_report(args.name, chaos(args.minutes, args.workers), hidden="events")
-
-
-if __name__ == "__main__":
-    main()

@@ -10,14 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import random
 import secrets
 import signal
-import socket
 import sqlite3
-import subprocess
-import sys
 import tempfile
 import time
 from collections import Counter, defaultdict
@@ -27,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from app.lab.server import QuantaServer
 
 ADMIN_KEY = "reliability-admin-" + secrets.token_hex(8)
 PROMPTS = (
@@ -48,12 +46,6 @@ def kill_leftovers() -> None:
             server.kill()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def rss_kib(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -61,97 +53,28 @@ def rss_kib(pid: int) -> int:
     return 0
 
 
-@dataclass
-class Server:
-    root: Path
-    flags: tuple[str, ...] = ()
-    port: int = field(default_factory=free_port)
-    process: subprocess.Popen[bytes] | None = None
+class Server(QuantaServer):
+    """The lab's server (``app.lab.server``), its output in ``root/server.log``, with the
+    reliability runs' reads: tenants as ``Key``s, the ledger, the ``/metrics`` gauges."""
 
     @classmethod
-    def fresh(cls, *flags: str) -> Server:
-        server = cls(Path(tempfile.mkdtemp(prefix="quanta-reliability-")), flags)
+    def fresh(
+        cls,
+        *flags: str,
+        env: dict[str, str] | None = None,
+        log: bool = True,
+        prefix: str = "quanta-reliability-",
+    ) -> Server:
+        root = Path(tempfile.mkdtemp(prefix=prefix))
+        server = cls(root, flags, dict(env or {}), admin_key=ADMIN_KEY, log=root / "server.log")
         _STARTED.append(server)
         return server
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def db_path(self) -> Path:
-        return self.root / "quanta.db"
-
-    def env(self) -> dict[str, str]:
-        return {
-            **os.environ,
-            "QUANTA_CONFIG": "",
-            "QUANTA_DATABASE_URL": f"sqlite+aiosqlite:///{self.db_path}",
-            "QUANTA_DATA_DIR": str(self.root / "data"),
-            "QUANTA_ADMIN_KEY": ADMIN_KEY,
-        }
-
-    def start(self, timeout_s: float = 180.0) -> None:
-        if not self.db_path.exists():
-            subprocess.run([sys.executable, "-m", "app.cli", "migrate"], env=self.env(), check=True)
-        log = (self.root / "server.log").open("ab")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "app.cli", "run", "--port", str(self.port), *self.flags],
-            env=self.env(),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"quanta run exited with {self.process.returncode}")
-            try:
-                if httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        raise TimeoutError("quanta run did not become ready")
-
-    @property
-    def pid(self) -> int:
-        assert self.process is not None
-        return self.process.pid
-
-    def engine_pids(self) -> list[int]:
-        """The server's child processes (the engine worker)."""
-        found = []
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            try:
-                fields = stat.read_text().rpartition(")")[2].split()
-            except OSError:
-                continue
-            if int(fields[1]) == self.pid:
-                found.append(int(stat.parent.name))
-        return found
-
-    def kill(self) -> None:
-        assert self.process is not None
-        for child in self.engine_pids():
-            os.kill(child, signal.SIGKILL)  # the engine worker dies with its server
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait(30)
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            self.process.wait(60)
-
-    def admin(self, method: str, path: str, **kw: Any) -> Any:
-        r = httpx.request(
-            method,
-            f"{self.url}/admin/v1{path}",
-            headers={"authorization": f"Bearer {ADMIN_KEY}"},
-            timeout=30,
-            **kw,
-        )
-        r.raise_for_status()
-        return r.json() if r.content else None
+    def stop(self, timeout_s: float = 60.0) -> int | None:
+        if self.process is None or self.process.poll() is not None:
+            return None
+        self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout_s)  # a stop that hangs is a finding: no SIGKILL
 
     def tenant(self, name: str, slo_class: str, quota: dict[str, int] | None = None) -> Key:
         t = self.admin("POST", "/tenants", json={"name": name})

@@ -1,6 +1,6 @@
 """Overload: ten times what the server can serve, for two minutes, then normal load.
 
-    python -m app.lab.reliability.overload --minutes 2
+    quanta bench reliability overload --minutes 2
 
 First the capacity: requests per second that a closed loop of a few clients completes.
 Then open-loop arrivals at ``--factor`` times that rate (at most ``MAX_IN_FLIGHT`` requests
@@ -232,7 +232,3 @@ def main() -> None:
     parser.add_argument("--name", default="overload")
     args = parser.parse_args()
     run_and_report(args.name, overload(args.minutes, args.factor, args.workers))
-
-
-if __name__ == "__main__":
-    main()

@@ -1,6 +1,6 @@
 """Soak: mixed load for a long while; memory stays flat and the ledger matches the clients.
 
-    python -m app.lab.reliability.soak --minutes 30
+    quanta bench reliability soak --minutes 30
 
 Three tenants of both classes (one with a concurrency quota of 2, so 429s and slot
 releases happen all along) send JSON requests and streams; a fourth key only sends
@@ -125,7 +125,3 @@ def main() -> None:
     parser.add_argument("--name", default="soak")
     args = parser.parse_args()
     run_and_report(args.name, soak(args.minutes, args.workers), hidden="samples")
-
-
-if __name__ == "__main__":
-    main()

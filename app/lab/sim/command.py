@@ -22,7 +22,7 @@ a real run's own steps had at the same time from the start (its ``speed_profile`
 ``--server-cycle-ms A --server-token-ms B`` add the server's own time around every step
 (A per cycle, B per token handed to a stream; ``quanta_core.sim.server_cost``), which the
 real inter-token gap includes and the engine's cost model does not;
-``scripts/bench_http_overhead.py`` measures both (its ``server_cost``).
+``quanta bench http-overhead`` measures both (its ``server_cost``).
 ``--server-request-ms C``: each request's intake by the server (its HTTP handler, one at a
 time) before the scheduler has it, so a burst of N reaches the scheduler over N * C.
 Default, each: what the cost model measured on its machine (``meta["server_cost_ms"]``), else 0.
