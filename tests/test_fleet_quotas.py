@@ -21,7 +21,7 @@ from app.db.engine import make_engine
 from app.db.migrate import upgrade
 from app.tenancy.fleet import Fleet, FleetConfig
 from app.tenancy.limiter import Limiter, Scope
-from app.tenancy.limits import Ask, Limit, Limits
+from app.tenancy.quotas import Ask, Limit, Limits
 from tests.fakes import MODEL, FakeDriver
 from tests.postgres_cluster import Cluster, new_cluster
 from tests.tenancy_setup import ADMIN, TenancyDb, bearer, fake_app, in_own_loop, over_http
