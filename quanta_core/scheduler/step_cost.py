@@ -70,21 +70,9 @@ def attended_k(start: int, n_tokens: int) -> float:
 
 
 def _solve(a: Mat, b: list[float]) -> tuple[float, float, float] | None:
-    """``a x = b`` for 3x3 ``a`` by Gaussian elimination with partial pivoting."""
-    m = [[*row, b[i]] for i, row in enumerate(a)]
-    for col in range(_N):
-        pivot = max(range(col, _N), key=lambda r: abs(m[r][col]))
-        if abs(m[pivot][col]) < 1e-18:
-            return None
-        m[col], m[pivot] = m[pivot], m[col]
-        for r in range(col + 1, _N):
-            f = m[r][col] / m[col][col]
-            for c in range(col, _N + 1):
-                m[r][c] -= f * m[col][c]
-    x = [0.0] * _N
-    for r in range(_N - 1, -1, -1):
-        x[r] = (m[r][_N] - sum(m[r][c] * x[c] for c in range(r + 1, _N))) / m[r][r]
-    return (x[0], x[1], x[2])
+    """``a x = b`` for 3x3 ``a`` (``_solve_n``)."""
+    x = _solve_n(a, b, tiny=1e-18)
+    return None if x is None else (x[0], x[1], x[2])
 
 
 class StepCostModel:
@@ -338,13 +326,14 @@ def fit_steps(samples: Sequence[Sample], prior: Vec, ridge: float = 1e-3) -> Vec
     )
 
 
-def _solve_n(a: Mat, b: list[float]) -> list[float] | None:
-    """``a x = b`` for square ``a`` by Gaussian elimination with partial pivoting."""
+def _solve_n(a: Mat, b: list[float], tiny: float = 1e-30) -> list[float] | None:
+    """``a x = b`` for square ``a`` by Gaussian elimination with partial pivoting; None
+    where a pivot is under ``tiny`` (singular)."""
     n = len(b)
     m = [[*row, b[i]] for i, row in enumerate(a)]
     for col in range(n):
         pivot = max(range(col, n), key=lambda r: abs(m[r][col]))
-        if abs(m[pivot][col]) < 1e-30:
+        if abs(m[pivot][col]) < tiny:
             return None
         m[col], m[pivot] = m[pivot], m[col]
         for r in range(col + 1, n):
