@@ -278,8 +278,11 @@ def test_json_grammar_constrains_the_output(engine: LlamaCppExecutor, tok: Token
     assert isinstance(json.loads(tok.decode(tokens[:-1])), dict)
 
 
-def test_seeded_sampling_repeats_and_logprobs_are_reported(engine: LlamaCppExecutor) -> None:
-    params = SamplingParams(temperature=1.0, top_p=0.95, seed=1234, logprobs=3)
+@pytest.mark.parametrize("top_p", [0.95, 1.0])  # a chain; a row drawn with the step's rows
+def test_seeded_sampling_repeats_and_logprobs_are_reported(
+    engine: LlamaCppExecutor, top_p: float
+) -> None:
+    params = SamplingParams(temperature=1.0, top_p=top_p, seed=1234, logprobs=3)
 
     def run(owner: str) -> list[tuple[int, float | None]]:
         res = engine.step(StepPlan(slices=(SeqSlice(0, (1, 504, 3458), 0, True, owner, params),)))
@@ -299,11 +302,14 @@ def test_seeded_sampling_repeats_and_logprobs_are_reported(engine: LlamaCppExecu
     assert run("s1") == run("s2")
 
 
-def test_ignore_eos_never_samples_an_end_token(engine: LlamaCppExecutor, tok: Tokenizer) -> None:
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_ignore_eos_never_samples_an_end_token(
+    engine: LlamaCppExecutor, tok: Tokenizer, temperature: float
+) -> None:
     # An empty-ish chat turn makes the model want to stop at once; it may not.
     prompt = tok.encode_chat([{"role": "user", "content": "Say nothing."}])
     prompt += tok.encode("OK.", add_special=False)
-    params = SamplingParams(temperature=0.0, ignore_eos=True)
+    params = SamplingParams(temperature=temperature, ignore_eos=True)
     res = engine.step(StepPlan(slices=(SeqSlice(0, tuple(prompt), 0, True, "e", params),)))
     tokens = [res.outputs[0].token]
     for i in range(20):

@@ -29,13 +29,20 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 
 import llama_cpp
 import numpy as np
 
 from quanta_core.engine.config import EngineConfig
 from quanta_core.engine.llama_cpp.logs import quiet_llama_logs
-from quanta_core.engine.llama_cpp.sampling import Sampler, SamplerSet, SamplingError, greedy_rows
+from quanta_core.engine.llama_cpp.sampling import (
+    Sampler,
+    SamplerSet,
+    SamplingError,
+    TemperedRows,
+    greedy_rows,
+)
 from quanta_core.engine.llama_cpp.wire import (
     Call,
     Channel,
@@ -122,6 +129,9 @@ class Engine:
             t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self.vocab, t)
         )
         self.samplers = SamplerSet(self.vocab, self.n_vocab, self.eog)
+        # The engine's threads are idle while a step's rows are drawn: they share the draw.
+        pool = ThreadPoolExecutor(config.threads) if config.threads > 1 else None
+        self._tempered = TemperedRows(self.n_vocab, pool, config.threads)
         self.batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
         self._tokens = np.ctypeslib.as_array(self.batch.token, shape=(self.n_batch,))
         self._pos = np.ctypeslib.as_array(self.batch.pos, shape=(self.n_batch,))
@@ -383,27 +393,27 @@ class Engine:
         samplers: list[Sampler | None],
         before_last: Callable[[], None],
     ) -> list[SeqOutput]:
+        drawn = self._draw_rows(slices, samplers)
+        chained = [k for k, sampler in enumerate(samplers) if sampler and k not in drawn]
+        if not chained:
+            before_last()
         outputs = []
-        last = max((k for k, sampler in enumerate(samplers) if sampler is not None), default=-1)
-        greedy = self._greedy_tokens(slices, samplers)
         i = 0
         for k, (s, sampler) in enumerate(zip(slices, samplers, strict=True)):
             i += len(s.tokens)
             if sampler is None:
                 continue
-            if k == last:
-                before_last()
-            token = greedy.get(k)
-            if token is not None:
-                outputs.append(SeqOutput(s.seq, token))
-                continue
             idx = i - 1
-            logprobs = (
+            logprobs = (  # before the chain: it may write the row (``min_tokens``)
                 self._logprobs(idx, s.sampling.logprobs)
                 if s.sampling.logprobs is not None
                 else None
             )
-            token = sampler.sample(self.ctx, idx)
+            token = drawn.get(k)
+            if token is None:
+                if k == chained[-1]:
+                    before_last()
+                token = sampler.sample(self.ctx, idx)
             if logprobs is None:
                 outputs.append(SeqOutput(s.seq, token))
             else:
@@ -411,37 +421,47 @@ class Engine:
                 outputs.append(SeqOutput(s.seq, token, float(log_softmax[token]), top))
         return outputs
 
-    def _greedy_tokens(
+    def _draw_rows(
         self, slices: tuple[SeqSlice, ...], samplers: list[Sampler | None]
     ) -> dict[int, int]:
-        """Slice index -> token for the plain greedy samplers, all from one argmax over the
-        step's logits (outputs are in batch order: one row per sampled slice). A row whose
-        argmax is a token its chain biases is left to its chain. A sampled slice without a
+        """Slice index -> token for the rows drawn for the whole step at once: the plain
+        greedy ones from one argmax, the tempered ones by ``TemperedRows`` (outputs are in
+        batch order: one row per sampled slice). A greedy row whose argmax is a token its
+        chain biases is left to its chain, as is every other row. A sampled slice without a
         sampler (a row decoded ahead that the plan did not ask for) keeps its row unread."""
-        rows: list[int] = []
-        picks: list[int] = []
+        greedy: list[tuple[int, int]] = []  # (logits row, slice index)
+        tempered: list[tuple[int, int]] = []
         n_out = 0
         for k, (s, sampler) in enumerate(zip(slices, samplers, strict=True)):
             if not (s.sample and s.tokens):
                 continue  # no logits row
-            if (
-                sampler is not None
-                and sampler.plain_greedy is not None
-                and s.sampling.logprobs is None
-            ):
-                rows.append(n_out)
-                picks.append(k)
+            if sampler is not None and sampler.plain_greedy is not None:
+                greedy.append((n_out, k))
+            elif sampler is not None and sampler.tempered is not None:
+                tempered.append((n_out, k))
             n_out += 1
-        if not rows:
+        if not (greedy or tempered):
             return {}
         ptr = llama_cpp.llama_get_logits(self.ctx)
         logits = np.ctypeslib.as_array(ptr, shape=(n_out, self.n_vocab))
-        tokens = greedy_rows(logits if len(rows) == n_out else logits[rows]).tolist()
         chosen = {}
-        for k, token in zip(picks, tokens, strict=True):
-            biased = samplers[k].plain_greedy  # type: ignore[union-attr]
-            if token not in biased:  # type: ignore[operator]
-                chosen[k] = int(token)
+        if greedy:
+            rows = [row for row, _ in greedy]
+            tokens = greedy_rows(logits if len(rows) == n_out else logits[rows]).tolist()
+            for (_, k), token in zip(greedy, tokens, strict=True):
+                if token not in samplers[k].plain_greedy:  # type: ignore[union-attr,operator]
+                    chosen[k] = int(token)
+                    samplers[k].accept(int(token))  # type: ignore[union-attr]
+        if tempered:
+            rows = [row for row, _ in tempered]
+            drawers = [samplers[k] for _, k in tempered]
+            tokens = self._tempered.draw(
+                logits if len(rows) == n_out else logits[rows],
+                drawers,  # type: ignore[arg-type]
+            )
+            for (_, k), token, sampler in zip(tempered, tokens, drawers, strict=True):
+                chosen[k] = token
+                sampler.accept(token)  # type: ignore[union-attr]
         return chosen
 
     def _logprobs(self, idx: int, k: int) -> tuple[np.ndarray, tuple[TopLogprob, ...]]:
