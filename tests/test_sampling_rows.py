@@ -87,7 +87,7 @@ def test_a_seed_repeats_and_threads_change_nothing() -> None:
     def run(pool: ThreadPoolExecutor | None) -> list[list[int]]:
         samplers = [sampler(temperature=0.9, seed=100 + i) for i in range(12)]
         rows = TemperedRows(N_VOCAB, pool, threads=4)
-        rows.SPLIT = 1  # split even this small matrix
+        rows.SPLIT = 1  # split even this small matrix, one row a thread
         return [rows.draw(batch, samplers) for _ in range(5)]
 
     alone = run(None)
