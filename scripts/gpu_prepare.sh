@@ -12,7 +12,8 @@
 #   quanta-src.tar.gz  this tree's source (uncommitted edits included)
 #   quanta-before-src.tar.gz   the source at commit BEFORE (unset: none), which the serve
 #                      bench runs in turns with this tree's (BENCH_BEFORE on the device)
-#   gpu_run.sh, make_synthetic_gguf.py, gpu_bench.py   the device-side scripts
+#   gpu_run.sh, make_synthetic_gguf.py   the device-side scripts (the benches themselves are
+#                      `quanta bench gpu`, in the source above)
 # and DEST is added to the checkout's .git/info/exclude. Then, on the device:
 #   run(command="bash .gpu/gpu_run.sh go 565 build serve llama calibrate", carry=[".gpu"])
 #   (then `go 565` again at once: bench/results/gpu/README.md)
@@ -99,5 +100,5 @@ if [[ -n "${BEFORE:-}" ]]; then
 fi
 
 # 3. The device-side scripts.
-cp "$ROOT"/scripts/{gpu_run.sh,make_synthetic_gguf.py,gpu_bench.py} "$DEST/"
+cp "$ROOT"/scripts/{gpu_run.sh,make_synthetic_gguf.py} "$DEST/"
 du -sh "$DEST" "$DEST"/* >&2

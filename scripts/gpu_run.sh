@@ -25,7 +25,7 @@
 # Everything built stays in $WORK (default /tmp/quanta-gpu) so that later calls on the same warm
 # machine skip the build; a fresh machine builds again (about 5 minutes on 16 cores).
 # Environment: WORK, JOBS (default nproc), BUILD_TARGETS (default: llama mtmd llama-server;
-# `serve` needs only llama), BENCH_ARGS (more gpu_bench.py flags). A carried
+# `serve` needs only llama), BENCH_ARGS (more `quanta bench gpu` flags). A carried
 # quanta-before-src.tar.gz (gpu_prepare.sh with BEFORE) is served in turns with this tree.
 set -euo pipefail
 
@@ -121,7 +121,7 @@ env_quanta() {
     fi
     export PYTHONPATH="$WORK/quanta:$SITE" LD_LIBRARY_PATH="$SITE/llama_cpp/lib:${LD_LIBRARY_PATH:-}"
     # The code before a change, if carried: the serve bench runs its server in turns with
-    # this tree's (gpu_bench.py, BENCH_BEFORE).
+    # this tree's (app/lab/gpu.py, BENCH_BEFORE).
     rm -rf "$WORK/quanta-before"
     if [[ -f "$HERE/quanta-before-src.tar.gz" ]]; then
         mkdir -p "$WORK/quanta-before"
@@ -183,7 +183,8 @@ for bench in "$@"; do
             build
             env_quanta
             log "bench $bench"
-            "$PY" "$HERE/gpu_bench.py" "$bench" --model "$MODEL" --out "$OUT" \
+            # The carried source's command (PATH and PYTHONPATH from env_quanta).
+            quanta bench gpu "$bench" --model "$MODEL" --out "$OUT" \
                 --llama-server "$BUILD/bin/llama-server" ${BENCH_ARGS:-} ||
                 log "bench $bench FAILED"  # the next bench still runs
             ;;

@@ -8,7 +8,7 @@
 
 Every replica gets the same HMAC secret (a key made through one is valid on all) and the
 same database; the admin key is made once, before the replicas start. Used by ``quanta
-fleet`` and by the fleet benchmark (scripts/bench_fleet.py), which also kills replicas and
+fleet`` and by the fleet benchmark (``quanta bench fleet``), which also kills replicas and
 restarts PostgreSQL through it.
 """
 

@@ -6,6 +6,8 @@
     quanta bench fidelity run|table|…              real vs simulated (app.lab.fidelity)
     quanta bench horizon served|sim|…              the horizon policy's figures (app.lab.horizon)
     quanta bench clients run|table                 third-party load tools (app.lab.clients)
+    quanta bench fleet SCENARIO                    a fleet behind Envoy (app.lab.fleet)
+    quanta bench gpu serve|llama|long|…            on a GPU machine (app.lab.gpu, gpu_run.sh)
     quanta calibrate | sim | sweep | step-report | step-replay
 
 They need the ``lab`` extra (tables, plots, YAML: ``LIBRARIES``); without it each of them
@@ -44,6 +46,8 @@ MEASUREMENTS: tuple[tuple[str, str, str], ...] = (
     ("sim-process", "app.lab.measure.sim_process", "one whole `quanta sim` process, timed"),
     ("sweep-speed", "app.lab.measure.sweep_speed", "the default `quanta sweep`, timed"),
     ("long-prompts", "app.lab.measure.long_prompts", "the default policy at real lengths"),
+    ("fleet", "app.lab.fleet", "replicas behind Envoy: quotas, revocation, kills, weights"),
+    ("gpu", "app.lab.gpu", "on a GPU: raw vs served, vs llama-server, calibration"),
 )
 RELIABILITY: tuple[tuple[str, str, str], ...] = (
     ("soak", "app.lab.reliability.soak", "mixed load for minutes: memory, ledger, slots"),

@@ -1,14 +1,14 @@
-#!/usr/bin/env python
 """GPU benchmarks, run on the device by scripts/gpu_run.sh (they also run on a CPU build).
 
-    gpu_bench.py serve --model M --out DIR      raw llama_decode vs Quanta served, 1..256 streams
-    gpu_bench.py llama --model M --out DIR --llama-server BIN    Quanta vs llama-server
-    gpu_bench.py long --model M --out DIR --llama-server BIN     real prompt lengths: Quanta's
-                                                defaults vs llama-server -np N, 128 to 16k
-    gpu_bench.py replay --model M --out DIR --llama-server BIN   the conversation trace at its
-                                                recorded lengths: goodput, Quanta vs llama-server
-    gpu_bench.py calibrate --model M --out DIR  a cost model of this machine, and the simulator's
-                                                predictions of two served runs against it
+    quanta bench gpu serve --model M --out DIR    raw llama_decode vs Quanta served, 1..256
+                                                  streams
+    quanta bench gpu llama --model M --out DIR --llama-server BIN    Quanta vs llama-server
+    quanta bench gpu long --model M --out DIR --llama-server BIN     real prompt lengths:
+                                                  Quanta's defaults vs llama-server -np N
+    quanta bench gpu replay --model M --out DIR --llama-server BIN   the conversation trace at
+                                                  its recorded lengths: goodput vs llama-server
+    quanta bench gpu calibrate --model M --out DIR   a cost model of this machine, and the
+                                                  simulator's predictions of two served runs
 
 Raw: llama_decode of B sequences in this process (the model's layers on the GPU), then the
 greedy token of every sequence (numpy argmax over its logits): what any server must do per
@@ -28,14 +28,14 @@ import contextlib
 import dataclasses
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from app.lab.server import stop_process, wait_ready
 
 if TYPE_CHECKING:
     from quanta_core.sim.server_cost import ServerCost
@@ -246,26 +246,11 @@ class Server:
 
     def start(self) -> None:
         self.proc = subprocess.Popen(self.argv, env=self.env)
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.argv[0]} exited with {self.proc.returncode}")
-            try:
-                with urllib.request.urlopen(
-                    f"http://127.0.0.1:{self.port}{self.health}", timeout=2
-                ):
-                    return
-            except OSError:
-                time.sleep(0.25)
-        raise RuntimeError("server not ready")
+        wait_ready(self.proc, f"http://127.0.0.1:{self.port}{self.health}", timeout_s=600)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        if self.proc is not None:
+            stop_process(self.proc)
 
 
 def quanta_server(
@@ -962,7 +947,7 @@ def cmd_calibrate(args: argparse.Namespace) -> dict[str, Any]:
                        model_out)  # fmt: skip
     doc = json.loads(model_out.read_text())
     doc["meta"]["server_cost_ms"] = both.in_meta(
-        "gpu_bench.py calibrate: the step traces of the crowd and the steady day (per cycle, "
+        "quanta bench gpu calibrate: the step traces of the crowd and the steady day (per cycle, "
         "per streamed token), a burst of short requests before each (intake)"
     )
     model_out.write_text(json.dumps(doc, indent=2) + "\n")

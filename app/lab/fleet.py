@@ -1,13 +1,13 @@
 """The fleet behind Envoy, measured from the client's side (issue 41's "It must show").
 
-    .venv/bin/python -m scripts.bench_fleet quota      3 replicas, 6,000 tokens/min and
-                                                       concurrency 4, 24 closed-loop streams
-    .venv/bin/python -m scripts.bench_fleet revoke     a revoked key, polled on every replica
-    .venv/bin/python -m scripts.bench_fleet small      300 tokens/min, chats without max_tokens
-    .venv/bin/python -m scripts.bench_fleet kill       a replica kill -9'ed mid-load
-    .venv/bin/python -m scripts.bench_fleet pg         PostgreSQL restarted mid-load
-    .venv/bin/python -m scripts.bench_fleet spill      2 replicas: one full, the other idle
-    .venv/bin/python -m scripts.bench_fleet weights    tenants of weights 1 and 2
+    quanta bench fleet quota      3 replicas, 6,000 tokens/min and concurrency 4,
+                                  24 closed-loop streams
+    quanta bench fleet revoke     a revoked key, polled on every replica
+    quanta bench fleet small      300 tokens/min, chats without max_tokens
+    quanta bench fleet kill       a replica kill -9'ed mid-load
+    quanta bench fleet pg         PostgreSQL restarted mid-load
+    quanta bench fleet spill      2 replicas: one full, the other idle
+    quanta bench fleet weights    tenants of weights 1 and 2
 
 Each starts its own fleet (``LocalFleet``: PostgreSQL, replicas, Envoy) in a temporary
 folder, runs, checks the ledger in the database against what the clients received, and writes
@@ -34,7 +34,7 @@ from sqlalchemy import text
 
 from app.db.engine import make_engine
 from app.fleet.local import LocalFleet
-from scripts.benchlib import console, environment, write_results
+from app.lab.measure.common import console, environment, write_results
 
 OUT = Path("bench/results/fleet")
 PROMPTS = [

@@ -1,1 +1,0 @@
-"""Benchmark and build scripts; run from the repository root as ``python -m scripts.NAME``."""
