@@ -1,20 +1,17 @@
 """A real ``quanta run`` process on a free port, for tests that drive it over HTTP: on a copy
-of the session's migrated database (``tests.tenancy_setup``), waited for by the lab's harness
-(``app.lab.server``)."""
+of the session's migrated database (``tests.tenancy_setup``), started, waited for and stopped
+by the one server harness (``app.lab.server``, which needs no lab library)."""
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.lab.server import free_port, wait_ready
+from app.lab.server import free_port, quanta_run, stop_process, wait_ready
 from tests.tenancy_setup import ADMIN_KEY, TenancyDb, fresh_db
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,9 +45,7 @@ class ServerProcess:
         wait_ready(self.process, f"{self.url}/readyz", timeout_s, on_status=not_ready)
 
     def stop(self, timeout_s: float = 30.0) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-        return self.process.wait(timeout_s)
+        return stop_process(self.process, timeout_s)
 
 
 def start_server(
@@ -65,7 +60,6 @@ def start_server(
     api_key = db.create_key(f"test-{uuid.uuid4().hex[:8]}")
     port = free_port()
     environment = {
-        **os.environ,
         "QUANTA_CONFIG": "",
         # A server's KV defaults to 1/8 of the RAM; a test's takes at most 1 GiB of it, as
         # the suite runs beside other work (its slots and context are fitted to that).
@@ -74,18 +68,7 @@ def start_server(
         **db.env(),
         **(env or {}),
     }
-    command = [sys.executable, "-m", "app.cli", "run", "--port", str(port), *flags]
-    output = None if log is None else log.open("ab")
-    process = subprocess.Popen(
-        command,
-        cwd=ROOT,
-        env=environment,
-        stdout=output,
-        stderr=subprocess.STDOUT if output else None,
-    )
-    if output is not None:
-        output.close()  # the child has its own copy
-    return ServerProcess(process, port, db, api_key)
+    return ServerProcess(quanta_run(port, flags, environment, log), port, db, api_key)
 
 
 @contextmanager

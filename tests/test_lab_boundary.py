@@ -57,6 +57,12 @@ def test_the_serving_stack_imports_no_plotting_or_tables() -> None:
     assert loaded <= {"yaml"}
 
 
+def test_the_server_harness_needs_none_of_the_labs_libraries() -> None:
+    # The product's tests start their servers with it (tests/server_process.py). (httpx
+    # imports rich, typer's dependency, for its own command line when it is installed.)
+    assert loaded_after("import app.lab.server") <= {"rich"}
+
+
 def cli_without_extra(*args: str) -> subprocess.CompletedProcess[str]:
     code = BLOCKER + f"sys.argv = ['quanta', *{list(args)!r}]\nfrom app.cli import main\nmain()"
     return python(code)

@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
+from app.lab.server import child_pids
 from tests.server_process import ServerProcess, start_server
 from tests.tenancy_setup import ADMIN, bearer, fresh_db
 
@@ -152,20 +153,8 @@ def test_a_killed_server_loses_nothing_it_sent(model_path: Path) -> None:
         again.stop()
 
 
-def children(pid: int) -> list[int]:
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rpartition(")")[2].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            found.append(int(stat.parent.name))
-    return found
-
-
 def kill_engine(server: ServerProcess) -> None:
-    for pid in children(server.process.pid):
+    for pid in child_pids(server.process.pid):
         os.kill(pid, signal.SIGKILL)
 
 

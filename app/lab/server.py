@@ -6,8 +6,10 @@
     .tenant_key(name, ...)       a tenant and one key, through the admin API
     with QuantaServer.fresh(...) as server:   started, then stopped and its folder removed
 
-``wait_ready`` and ``stop_process`` serve any server process (llama-server too, and the
-tests' servers). Every measurement that starts a server starts it here.
+``quanta_run``, ``wait_ready``, ``stop_process`` and ``child_pids`` serve any server process
+(llama-server too, and the tests' servers in ``tests/server_process.py``). Every measurement
+that starts a server starts it here. This module imports none of the lab's libraries (httpx
+and the standard library only): the product's tests use it without the ``lab`` extra.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -62,6 +64,38 @@ def wait_ready(
             on_status(status)
         time.sleep(0.05)
     raise TimeoutError(f"the server did not become ready at {url}")
+
+
+def quanta_run(
+    port: int, flags: Sequence[str] = (), env: dict[str, str] | None = None, log: Path | None = None
+) -> subprocess.Popen[bytes]:
+    """``quanta run --port PORT FLAGS`` of this checkout in a child process, not waited for;
+    ``env`` over this process's environment, its output appended to ``log`` (None: ours)."""
+    output = None if log is None else log.open("ab")
+    try:
+        return subprocess.Popen(
+            [*QUANTA, "run", "--port", str(port), *flags],
+            env={**os.environ, **(env or {})},
+            cwd=ROOT,
+            stdout=output,
+            stderr=subprocess.STDOUT if output else None,
+        )
+    finally:
+        if output is not None:
+            output.close()  # the child has its own copy
+
+
+def child_pids(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (a server's engine worker)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
 
 
 def stop_process(process: subprocess.Popen[bytes], timeout_s: float = 60.0) -> int:
@@ -127,17 +161,7 @@ class QuantaServer:
         env = self.environment()
         if not self.db_path.exists():
             subprocess.run([*QUANTA, "migrate"], env=env, cwd=ROOT, check=True, capture_output=True)
-        output = None if self.log is None else self.log.open("ab")
-        command = [*QUANTA, "run", "--port", str(self.port), *self.flags]
-        self.process = subprocess.Popen(
-            command,
-            env=env,
-            cwd=ROOT,
-            stdout=output,
-            stderr=subprocess.STDOUT if output else None,
-        )
-        if output is not None:
-            output.close()  # the child has its own copy
+        self.process = quanta_run(self.port, self.flags, env, self.log)
         wait_ready(self.process, f"{self.url}/readyz", timeout_s)
 
     def stop(self, timeout_s: float = 60.0) -> int | None:
@@ -145,15 +169,7 @@ class QuantaServer:
 
     def engine_pids(self) -> list[int]:
         """The server's child processes (the engine worker)."""
-        found = []
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            try:
-                fields = stat.read_text().rpartition(")")[2].split()
-            except OSError:
-                continue
-            if int(fields[1]) == self.pid:
-                found.append(int(stat.parent.name))
-        return found
+        return child_pids(self.pid)
 
     def kill(self) -> None:
         """SIGKILL the server and its engine worker (it would die with its server)."""
