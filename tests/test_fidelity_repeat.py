@@ -10,7 +10,7 @@ import pytest
 
 from app.lab.fidelity.repeat import compare_pair, main, runs_by_key
 
-FIDELITY = Path("bench/results/fidelity")
+FIDELITY = Path("tests/data/fidelity-later")  # two runs of bench/results/fidelity, whole
 EARLIER = Path("tests/data/fidelity-earlier")  # the same workload, run earlier that day
 
 

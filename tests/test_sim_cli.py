@@ -17,7 +17,7 @@ from quanta_core.sim.cost_model import CostModel
 from quanta_core.sim.server_cost import ServerCost
 
 ROOT = Path(__file__).resolve().parent.parent
-REAL_RUN = ROOT / "bench/results/twenty-at-once-quanta-fcfs.json"
+REAL_RUN = ROOT / "tests/data/twenty-at-once-quanta-fcfs.json"  # a served run, whole
 
 runner = CliRunner()
 
@@ -49,8 +49,7 @@ def test_sim_writes_a_bench_results_file_that_compare_accepts(
     # The server's default token budget (settings: 128), not the dataclass's (512).
     assert doc["config"]["flags"]["scheduler"]["token_budget"] == 128
     assert len(doc["requests"]) == 20 and doc["summary"]["overall"]["completed"] == 20
-    against = REAL_RUN if REAL_RUN.exists() else out
-    compared = runner.invoke(cli, ["bench", "compare", str(against), str(out)])
+    compared = runner.invoke(cli, ["bench", "compare", str(REAL_RUN), str(out)])
     assert compared.exit_code == 0, compared.output
     assert "TTFT p99" in compared.output
 

@@ -206,7 +206,12 @@ def resummarize(
     if plots:
         from app.lab.bench.plots import plot_all
 
-        for path in plot_all(result, records_of(result), results):
+        try:
+            records = records_of(result)
+        except ValueError as exc:
+            console.print(f"[red]{results}: {exc}")
+            raise typer.Exit(code=2) from None
+        for path in plot_all(result, records, results):
             console.print(f"plot: {path}")
 
 

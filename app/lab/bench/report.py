@@ -5,6 +5,8 @@
 
 ``summary`` is ``quanta_core.metrics.summarize(...).as_dict()``; the rows are
 ``RequestRecord.to_row()``, so a file can be re-summarised (or compared) without a server.
+A committed file may keep its figures only (``bench/results``: the rows are written again by
+the command that made it); ``compare`` and ``summarize`` read the figures alone.
 """
 
 from __future__ import annotations
@@ -176,4 +178,6 @@ def load_result(path: Path) -> dict[str, Any]:
 
 
 def records_of(result: dict[str, Any]) -> list[RequestRecord]:
+    if "requests" not in result:
+        raise ValueError("this results file keeps its figures only, not each request's row")
     return [RequestRecord.from_row(row) for row in result["requests"]]
