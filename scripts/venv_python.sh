@@ -5,10 +5,8 @@
 # build it with profile-guided and link-time optimization and link libpython into the binary;
 # a Python built from source with defaults (pyenv's, first on PATH on the development machine)
 # has neither. Quanta's own work is pure Python (the server's per-token path, the scheduler,
-# the simulator) and runs faster on the former. Measured on the 2-core machine, alternating
-# runs of Debian's 3.11.2 and pyenv's 3.11.7: the server's CPU per streamed token 128-139 µs
-# vs 150 (scripts/profile_stream_path.py); 10,000 simulated requests in 6.2-8.0 s vs 7.7-8.6 s
-# (scripts/bench_sim.py). Otherwise: the first python3 on PATH.
+# the simulator) and runs faster on the former (figures: bench/results/README.md, "The
+# interpreter"). Otherwise: the first python3 on PATH.
 for candidate in /usr/bin/python3 python3; do
     if "$candidate" -c 'import ensurepip, sys, venv; sys.exit(sys.version_info < (3, 11))' \
         2>/dev/null; then

@@ -1,1 +1,1 @@
-"""Tenancy: API keys, quotas, the limiter, the key cache and the usage ledger."""
+"""Tenancy: API keys and authentication, quotas, the limiter, the usage meter and ledger."""

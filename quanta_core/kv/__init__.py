@@ -1,4 +1,5 @@
-"""KV memory: blocks over the engine's buffer, block tables, the prefix cache."""
+"""KV memory: slots (a stream per sequence, the default) or blocks over one buffer, block tables,
+the prefix cache."""
 
 from quanta_core.kv.block_pool import Block, BlockPool, BlockState, KvIntegrityError
 from quanta_core.kv.kv_manager import Allocation, KvManager, KvStats, SeqRole

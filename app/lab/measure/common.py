@@ -1,4 +1,4 @@
-"""What the benchmark scripts share: the machine's description and the results file."""
+"""What the measurements share: the machine's description and the results file."""
 
 from __future__ import annotations
 
