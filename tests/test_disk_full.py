@@ -30,6 +30,7 @@ import pytest
 from litestar import Litestar
 from litestar.testing import AsyncTestClient
 
+from app.lab.server import wait_ready
 from tests.fakes import MODEL
 from tests.server_process import ROOT, free_port
 from tests.tenancy_setup import ADMIN, TenancyDb, bearer, fresh_db, serving
@@ -182,14 +183,10 @@ def test_a_file_size_limit_then_none(tmp_path: Path) -> None:
     url = f"http://127.0.0.1:{port}"
     served = Served()
     try:
-
-        def ready() -> bool:
-            assert server.poll() is None, b"".join(log).decode()[-3000:]
-            with contextlib.suppress(httpx.TransportError):
-                return httpx.get(f"{url}/readyz", timeout=1).status_code == 200
-            return False
-
-        wait_for(ready)
+        try:
+            wait_ready(server, f"{url}/readyz", timeout_s=60)
+        except (RuntimeError, TimeoutError) as exc:
+            pytest.fail(f"{exc}: {b''.join(log).decode()[-3000:]}")
         with httpx.Client(base_url=url, timeout=30) as http:
 
             def chat() -> int:
