@@ -46,6 +46,7 @@ MEASUREMENTS: tuple[tuple[str, str, str], ...] = (
     ("sim-process", "app.lab.measure.sim_process", "one whole `quanta sim` process, timed"),
     ("sweep-speed", "app.lab.measure.sweep_speed", "the default `quanta sweep`, timed"),
     ("long-prompts", "app.lab.measure.long_prompts", "the default policy at real lengths"),
+    ("batched-bench", "app.lab.calibrate.batched_bench", "llama-batched-bench rows as a model"),
     ("fleet", "app.lab.fleet", "replicas behind Envoy: quotas, revocation, kills, weights"),
     ("gpu", "app.lab.gpu", "on a GPU: raw vs served, vs llama-server, calibration"),
 )

@@ -17,7 +17,7 @@ from Quanta's own engine) and the bench measure the same step, is added to every
 step. The base keeps what the real engine measured at short contexts (a pass, a decode
 token, a prefill token); the bench's long contexts fit the terms that price the KV span.
 
-    .venv/bin/python -m app.lab.calibrate.batched_bench     # writes both H200 models
+    quanta bench batched-bench     # writes both H200 models
 """
 
 from __future__ import annotations
