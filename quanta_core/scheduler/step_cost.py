@@ -169,17 +169,27 @@ class StepCostModel:
         return _max_seqs(self.estimate, target_s, limit, context)
 
     def max_tokens(
-        self, n_seqs: int, target_s: float, limit: int, context: float = 0.0, start: int = 0
+        self,
+        n_seqs: int,
+        target_s: float,
+        limit: int,
+        context: float = 0.0,
+        start: int = 0,
+        *,
+        at_mean: bool = False,
     ) -> int:
         """The most tokens a step of ``n_seqs`` sequences (decoding at ``context`` cells)
-        may carry within ``target_s``, the extra ones a chunk from position ``start``.
+        may carry within ``target_s``, the extra ones a chunk from position ``start``;
+        priced with the margin (a bound per step), or ``at_mean`` (a step's length on
+        average).
 
         Never fewer than ``n_seqs``: every running stream gets its token, even when the
         target cannot be met (then it is missed, and admission stops adding to it).
         """
         n_seqs = max(n_seqs, 1)
         base, seq, tok, attn = self.theta
-        spare = target_s / self.margin - base - seq * n_seqs - attn * n_seqs * context / 1000
+        margin = 1.0 if at_mean else self.margin
+        spare = target_s / margin - base - seq * n_seqs - attn * n_seqs * context / 1000
         per_token = tok + attn * start / 1000
         extra = int(spare / per_token) if spare > 0 else 0
         return max(n_seqs, min(limit, n_seqs + extra))

@@ -176,8 +176,12 @@ class QuantaPolicy(ClassPolicy):
     ) -> int:
         """The tokens of a step while first tokens are owed: the running sequences' tokens
         and the interactive prompts still to compute (running and queued), up to what a
-        step of ``first_token_step_s`` holds, or the engine's pass (``pass_tokens``). Batch
-        prefill does not pad such a step: it is what the waiting prompts need.
+        step of ``first_token_step_s`` holds at the mean step price, or the engine's pass
+        (``pass_tokens``). Batch prefill does not pad such a step: it is what the waiting
+        prompts need. The mean, not the margin: the margin is a high quantile of the model's
+        error, a bound for the inter-token target's steps; sized by it, the first-token
+        steps came out at under half their length, every one carrying the decode pass that
+        rides along, and the last prompt of a burst waited for the extra passes.
 
         Why: on a CPU a prompt of 1,000 tokens takes seconds, so a prefill paced for the
         running streams' inter-token target (chunks between decode steps) leaves the later
@@ -192,7 +196,7 @@ class QuantaPolicy(ClassPolicy):
         need += sum(1 for r in running if not prefilling(r))
         start = max((r.num_computed_tokens for r in inter if prefilling(r)), default=0)
         most = self.cost.max_tokens(
-            n_seqs, self.config.first_token_step_s, base.most_tokens, context, start
+            n_seqs, self.config.first_token_step_s, base.most_tokens, context, start, at_mean=True
         )
         return min(need, most)
 
