@@ -521,6 +521,39 @@ def test_batch_prefill_does_not_pad_a_first_token_step() -> None:
         assert sum(step.values()) <= max(interactive, BUDGET)
 
 
+def long_prompt_over_capacity(n_tokens: int) -> FinishReason | None:
+    """Three streams decode over capacity, their decodes nearly filling the inter-token
+    target; a prompt of ``n_tokens`` arrives. Refused at once (REJECTED), or admitted
+    (None)?"""
+    cfg = SloConfig(
+        burst_window_s=0.0,
+        load_window_s=60.0,
+        load_min_s=INSTANT,  # over capacity: refused where projected late
+        step_seq_s=0.05,  # a step of four sequences nearly fills the target
+    )
+    h = Harness.make(
+        FakeExecutor(n_ctx=16_384, n_seq_max=16, n_vocab=32_000), policy="quanta", slo=cfg
+    )
+    for k in range(3):
+        h.submit(f"s{k}", prompt(8, base=800 + 10 * k), max_tokens=400, slo_class=INTER)
+    for _ in range(10):
+        h.cycle()
+    assert all(len(h.streamed(f"s{k}")) > 2 for k in range(3))
+    h.submit("p", prompt(n_tokens, base=100), max_tokens=8, slo_class=INTER)
+    done = h.results().get(("p", 0))
+    return None if done is None else done.finish_reason
+
+
+def test_a_long_prompt_over_capacity_is_projected_in_full_steps() -> None:
+    # Its target is twice its own prefill (seconds): over that time the machine does not
+    # stay over capacity, and first tokens are owed again. Projected in steps sized to the
+    # streams' inter-token target (a token a step beside them), it would read minutes late.
+    assert long_prompt_over_capacity(1000) is None
+    # A prompt within the 2 s target is still projected in such steps (over its seconds
+    # the machine stays over capacity), and refused.
+    assert long_prompt_over_capacity(100) is FinishReason.REJECTED
+
+
 def test_a_second_arrival_joins_a_step_only_within_the_inter_token_target() -> None:
     # Two streams decode over capacity; two short prompts arrive at once. The step was
     # sized for one arrival: the second starts only where the step, with its sequence,

@@ -23,7 +23,8 @@ the step-cost model, batch aging). docs/policies.md maps each rule to its tests.
  6. Honest admission (``admit_interactive`` on ``SloAdmission``): projected behind the
     interactive work only, on no more slots than the KV pool holds (``MemoryGate.slots``);
     the estimate is kept (``ttft_estimate``); a refusal books its retry (``bookings``) and
-    its retry-after leaves ``retry_margin`` for the projection to be wrong.
+    its retry-after leaves ``retry_margin`` for the projection to be wrong. A prompt too
+    long for the target alone is projected with the prefills in full-budget steps.
  7. Load grace (``load.OfferedLoad``): below capacity (the interactive work admitted over
     ``load_window_s`` under that time, each request's prompt in full passes, priced at the
     line learnt by the time it is read) a request late in the projection is queued.
@@ -315,7 +316,14 @@ class QuantaPolicy(ClassPolicy):
         if held is not None:
             slots = min(slots, held)
         caps = StepLimits(slots, base.token_budget)
-        verdict = self.admission.decide(choices, ahead, caps, base, grace, full=burst)
+        # A prompt too long for the target even alone (its target its own prefill, doubled)
+        # is projected with the prefills in full-budget steps: its first token is seconds
+        # away, and over seconds the machine does not stay over capacity (the load reading
+        # falls below 1 as the work is served, and first tokens are owed again). Priced in
+        # steps sized to the inter-token target beside the streams (a token a step where
+        # their decodes fill it), its estimate ran 2-3x its first token.
+        long = (self.admission.ttft_target(x, base) or 0.0) > self.config.interactive_ttft_s
+        verdict = self.admission.decide(choices, ahead, caps, base, grace, full=burst or long)
         if verdict.reason is not None:
             self.burst.refused(x.arrival)
             return verdict
