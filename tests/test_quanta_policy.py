@@ -17,7 +17,7 @@ from quanta_core.engine.types import SamplingParams, Stash
 from quanta_core.requests import ChoiceResult, FinishReason, RejectionKind, SloClass, TokenEvent
 from quanta_core.scheduler import PolicyName, Scheduler, SchedulerConfig, SloConfig, make_policy
 from quanta_core.scheduler.policies.quanta import QuantaPolicy, admission_rules
-from quanta_core.scheduler.step_cost import StepCostModel
+from quanta_core.scheduler.step_cost import StepCostModel, attended_k
 from tests.scheduler_harness import Harness, expected_tokens, prompt
 
 RUN_OUT = SamplingParams(ignore_eos=True)
@@ -464,11 +464,124 @@ def test_waiting_prompts_take_steps_past_the_token_budget() -> None:
     assert slices >= 5  # the four streams ride along
 
 
+BUDGET = 128  # the CPU's token budget
+
+
+def first_token_steps(slo: SloConfig, batch: bool = False) -> list[dict[str, int]]:
+    """Four interactive streams decode (beside a running 3,000-token batch prompt where
+    ``batch``); a 600-token interactive prompt arrives. Each step's tokens by owner until
+    its first token."""
+    fake = FakeExecutor(n_ctx=32_768, n_seq_max=16, n_vocab=50_000)
+    h = Harness.make(fake, policy="quanta", token_budget=BUDGET, slo=slo)
+    if batch:
+        h.submit("etl", prompt(3000, base=5000), max_tokens=8, slo_class=BATCH)
+    for k in range(4):
+        h.submit(f"s{k}", prompt(8, base=800 + 10 * k), max_tokens=400, slo_class=INTER)
+    while any(len(h.streamed(f"s{k}")) < 2 for k in range(4)):
+        h.cycle()
+    h.submit("p", prompt(600, base=100), max_tokens=8, slo_class=INTER)
+    steps = []
+    while not h.streamed("p"):
+        steps.append({s.owner: len(s.tokens) for s in h.cycle().slices})
+    return steps
+
+
+# No calm burst: only the load says whether the machine is below capacity. Read over two
+# minutes, the streams' work is a fraction of it; over the time since they came (a fraction
+# of a second), many times it. A prompt token at 1 ms: a first-token step (1 s) holds the
+# engine's whole pass (512 tokens).
+BELOW = SloConfig(
+    interactive_ttft_s=60.0,
+    burst_window_s=0.0,
+    load_window_s=120.0,
+    load_min_s=120.0,
+    step_token_s=0.001,
+)
+OVER = replace(BELOW, load_window_s=60.0, load_min_s=INSTANT)
+
+
+def test_below_capacity_a_waiting_prompt_takes_long_steps_outside_a_burst_too() -> None:
+    # First tokens first is owed below capacity, not only in a calm burst: the prompt's
+    # steps go past the 128-token budget. Over capacity the inter-token target bounds them.
+    below = first_token_steps(BELOW)
+    assert max(sum(s.values()) for s in below) > BUDGET
+    over = first_token_steps(OVER)
+    assert max(sum(s.values()) for s in over) <= BUDGET
+    assert len(over) > len(below)
+
+
 def test_batch_prefill_does_not_pad_a_first_token_step() -> None:
-    # A short interactive prompt waits beside a long batch prompt: the step is what the
-    # prompt and the running streams need, not the batch prompt's chunk up to the long step.
-    tokens, _ = step_beside_streams(40, 1, batch=True)
-    assert tokens <= 128
+    # A long interactive prompt waits beside a long batch prompt: each step is what the
+    # prompt and the running streams need (up to a long step); the batch prompt fills no
+    # more than the token budget, never the long step's rest once the prompt needs less.
+    steps = first_token_steps(BELOW, batch=True)
+    assert len(steps) > 1 and max(sum(s.values()) for s in steps) > BUDGET
+    for step in steps:
+        interactive = sum(n for owner, n in step.items() if owner != "etl/0")
+        assert sum(step.values()) <= max(interactive, BUDGET)
+
+
+def long_prompt_over_capacity(n_tokens: int) -> FinishReason | None:
+    """Three streams decode over capacity, their decodes nearly filling the inter-token
+    target; a prompt of ``n_tokens`` arrives. Refused at once (REJECTED), or admitted
+    (None)?"""
+    cfg = SloConfig(
+        burst_window_s=0.0,
+        load_window_s=60.0,
+        load_min_s=INSTANT,  # over capacity: refused where projected late
+        step_seq_s=0.05,  # a step of four sequences nearly fills the target
+    )
+    h = Harness.make(
+        FakeExecutor(n_ctx=16_384, n_seq_max=16, n_vocab=32_000), policy="quanta", slo=cfg
+    )
+    for k in range(3):
+        h.submit(f"s{k}", prompt(8, base=800 + 10 * k), max_tokens=400, slo_class=INTER)
+    for _ in range(10):
+        h.cycle()
+    assert all(len(h.streamed(f"s{k}")) > 2 for k in range(3))
+    h.submit("p", prompt(n_tokens, base=100), max_tokens=8, slo_class=INTER)
+    done = h.results().get(("p", 0))
+    return None if done is None else done.finish_reason
+
+
+def test_a_long_prompt_over_capacity_is_projected_in_full_steps() -> None:
+    # Its target is twice its own prefill (seconds): over that time the machine does not
+    # stay over capacity, and first tokens are owed again. Projected in steps sized to the
+    # streams' inter-token target (a token a step beside them), it would read minutes late.
+    assert long_prompt_over_capacity(1000) is None
+    # A prompt within the 2 s target is still projected in such steps (over its seconds
+    # the machine stays over capacity), and refused.
+    assert long_prompt_over_capacity(100) is FinishReason.REJECTED
+
+
+def test_a_second_arrival_joins_a_step_only_within_the_inter_token_target() -> None:
+    # Two streams decode over capacity; two short prompts arrive at once. The step was
+    # sized for one arrival: the second starts only where the step, with its sequence,
+    # still fits the streams' inter-token target (``room``), else in the next step.
+    cfg = SloConfig(
+        interactive_ttft_s=60.0,
+        burst_window_s=0.0,
+        load_window_s=60.0,
+        load_min_s=INSTANT,  # over capacity: the inter-token target bounds every step
+        step_seq_s=0.05,  # a sequence more costs as much as eight tokens
+    )
+    h = Harness.make(FakeExecutor(n_seq_max=64), policy="quanta", token_budget=128, slo=cfg)
+    for k in range(2):
+        h.submit(f"s{k}", prompt(8, base=800 + 10 * k), max_tokens=200, slo_class=INTER)
+    while any(len(h.streamed(f"s{k}")) < 2 for k in range(2)):
+        h.cycle()
+    for k in range(2):
+        h.submit(f"p{k}", prompt(8, base=100 + 10 * k), max_tokens=50, slo_class=INTER)
+    policy = h.sched.policy
+    assert isinstance(policy, QuantaPolicy)
+    itl = cfg.interactive_itl_s * cfg.grow_headroom
+    owners: set[str] = set()
+    for _ in range(6):
+        plan = h.cycle()
+        owners |= {s.owner for s in plan.slices}
+        pairs = sum(attended_k(s.start_pos, len(s.tokens)) for s in plan.slices)
+        assert policy.cost.estimate(len(plan.slices), plan.num_tokens, pairs) <= itl
+    assert {"p0/0", "p1/0"} <= owners  # both started, one step apart
 
 
 def overloaded(quiet_s: float) -> tuple[int, int]:

@@ -122,10 +122,10 @@ class SloConfig:
     # longer about as often as shorter, and is refused again.
     retry_margin: float = 0.2
     fair_lag: float = 32.0
-    # ... and refuses on the first-token target only while the interactive work offered over
-    # the last ``load_window_s`` (each arrival priced alone) exceeds that time, reckoned
-    # over at least ``load_min_s`` (``policies.load``): below capacity, a clump of long
-    # prompts is queued, not refused.
+    # ... and refuses on the first-token target only while the interactive work admitted
+    # over the last ``load_window_s`` (each arrival priced alone, at the learnt line)
+    # exceeds that time, reckoned over at least ``load_min_s`` (``policies.load``): below
+    # capacity, a clump of long prompts is queued, not refused.
     load_window_s: float = 60.0
     load_min_s: float = 5.0
 

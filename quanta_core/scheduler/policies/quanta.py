@@ -23,9 +23,11 @@ the step-cost model, batch aging). docs/policies.md maps each rule to its tests.
  6. Honest admission (``admit_interactive`` on ``SloAdmission``): projected behind the
     interactive work only, on no more slots than the KV pool holds (``MemoryGate.slots``);
     the estimate is kept (``ttft_estimate``); a refusal books its retry (``bookings``) and
-    its retry-after leaves ``retry_margin`` for the projection to be wrong.
+    its retry-after leaves ``retry_margin`` for the projection to be wrong. A prompt too
+    long for the target alone is projected with the prefills in full-budget steps.
  7. Load grace (``load.OfferedLoad``): below capacity (the interactive work admitted over
-    ``load_window_s`` under that time) a request late in the projection is queued.
+    ``load_window_s`` under that time, each request's prompt in full passes, priced at the
+    line learnt by the time it is read) a request late in the projection is queued.
  8. Calm burst (``burst.CalmBurst``): a burst on a calm machine is queued up to
     ``burst_grace`` targets late, and while it waits for first tokens the set may grow to
     ``burst_itl_s``.
@@ -57,7 +59,7 @@ from quanta_core.scheduler.policies.base import Policy, StartDecision
 from quanta_core.scheduler.policies.burst import BurstRule, CalmBurst
 from quanta_core.scheduler.policies.class_policy import ClassPolicy, prefilling
 from quanta_core.scheduler.policies.isolation import batch_victims
-from quanta_core.scheduler.policies.load import OfferedLoad
+from quanta_core.scheduler.policies.load import OfferedLoad, Work, request_work
 from quanta_core.scheduler.policies.memory import MemoryGate
 from quanta_core.scheduler.policies.prefill_order import earliest_due, run_order, yields_to_queued
 from quanta_core.scheduler.policies.shares import held_back
@@ -165,7 +167,7 @@ class QuantaPolicy(ClassPolicy):
             return True
         if self._now - self.burst.refused_at < self.burst.rule.quiet_s:
             return False
-        return self.load.load(self._now) < 1.0
+        return self.load.load(self._now, self.mean.model.theta) < 1.0
 
     def first_token_budget(
         self,
@@ -310,15 +312,22 @@ class QuantaPolicy(ClassPolicy):
         ahead = [r for r in running if r.slo_class is _INTERACTIVE]
         self.burst.note(x.arrival, len(queued), ahead, self._itl_cap)
         burst = self.burst.is_burst(x.arrival)
-        work = self._work_s(choices, base)
-        below = self.load.load(x.arrival, work) < 1.0
+        work = self._work(choices, base)
+        below = self.load.load(x.arrival, self.mean.model.theta, work) < 1.0
         grace = self.burst.rule.grace_s if burst or below else 0.0
         slots = self.running_cap(base, True, context) if burst else cap
         held = self.gate.slots([*ahead, *queued, x])
         if held is not None:
             slots = min(slots, held)
         caps = StepLimits(slots, base.token_budget)
-        verdict = self.admission.decide(choices, ahead, caps, base, grace, full=burst)
+        # A prompt too long for the target even alone (its target its own prefill, doubled)
+        # is projected with the prefills in full-budget steps: its first token is seconds
+        # away, and over seconds the machine does not stay over capacity (the load reading
+        # falls below 1 as the work is served, and first tokens are owed again). Priced in
+        # steps sized to the inter-token target beside the streams (a token a step where
+        # their decodes fill it), its estimate ran 2-3x its first token.
+        long = (self.admission.ttft_target(x, base) or 0.0) > self.config.interactive_ttft_s
+        verdict = self.admission.decide(choices, ahead, caps, base, grace, full=burst or long)
         if verdict.reason is not None:
             self.burst.refused(x.arrival)
             return verdict
@@ -334,16 +343,14 @@ class QuantaPolicy(ClassPolicy):
         for r in choices:
             r.ttft_estimate = self.admission.last_estimate
 
-    def _work_s(self, choices: Sequence[Choice], base: StepLimits) -> float:
-        """The engine-seconds ``choices`` add to the interactive load (``load``), each
-        priced alone: its prefill, and its expected tokens at what a stream adds to a
+    def _work(self, choices: Sequence[Choice], base: StepLimits) -> Work:
+        """The work ``choices`` add to the interactive load (``load``), each priced alone:
+        its prompt in full passes, and its expected tokens at what a stream adds to a
         decode step (the step's own cost is shared)."""
         x = choices[0]
-        _, per_seq, _, per_pair = self.mean.model.theta
         left = self.admission.est.outputs_left(x)
-        work = self.admission.est.alone_prefill_s(x, base.token_budget)
-        work += left * (per_seq + per_pair * (x.num_tokens + left / 2) / 1000)
-        return work * len(choices)
+        work = request_work(x.num_tokens, x.num_computed_tokens, left, base.most_tokens)
+        return work.times(len(choices))
 
     # ---- bookkeeping ----
 
