@@ -13,9 +13,11 @@
     weights-8    the same with 4 users each: all streams run at once on the 2-core CPU
 
 Each is run against a fresh server per ``--code`` tree (the checkout whose ``app.cli`` is
-started: compare a branch with its base in turns on the same machine), with one KV stream
-per slot (``QUANTA_KV_UNIFIED=false``, ``QUANTA_N_SEQ_MAX=16``) and ``n_ctx`` 65,536 unless
-the environment says otherwise. Prints one line per run and writes the cells to ``--out``.
+started: compare a branch with its base in turns on the same machine). The long-prompt
+workloads run with one KV stream per slot (``QUANTA_KV_UNIFIED=false``,
+``QUANTA_N_SEQ_MAX=16``) and ``n_ctx`` 65,536 unless the environment says otherwise; the
+weights workloads on the server's defaults (nothing set: the split is a claim about what a
+user gets). Prints one line per run and writes the cells to ``--out``.
 
     quanta bench long-prompts --only burst-1k,coding --code /work/base --code .
 """
@@ -26,7 +28,8 @@ import argparse
 import json
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from app.lab.bench.scenarios import TARGETS, Scenario
@@ -72,7 +75,7 @@ def weights_running(users: int = 12) -> Scenario:
         targets=TARGETS,
         window_s=10.0,
     )
-    return Scenario("weights", spec, n_ctx=N_CTX)
+    return Scenario("weights", spec, n_ctx=None)  # the server's defaults
 
 
 SCENARIOS: dict[str, Callable[[], Scenario]] = {
@@ -83,6 +86,20 @@ SCENARIOS: dict[str, Callable[[], Scenario]] = {
     "weights-run": weights_running,
     "weights-8": lambda: weights_running(4),  # 4 + 4 users: all fit this CPU's running set
 }
+
+
+@contextmanager
+def _layout_env(scenario: Scenario) -> Iterator[None]:
+    """The stream layout's settings (``_ENV``, where the environment does not set them) for
+    a scenario that sets its context; none for one that runs on the defaults."""
+    added = {k: v for k, v in _ENV.items() if k not in os.environ}
+    if scenario.n_ctx is not None:
+        os.environ.update(added)
+    try:
+        yield
+    finally:
+        for k in added:
+            os.environ.pop(k, None)
 
 
 def _line(tag: str, cell: dict[str, object]) -> str:
@@ -121,8 +138,6 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--out", type=Path, default=Path("bench/results/long_prompts"))
     args = ap.parse_args()
-    for k, v in _ENV.items():
-        os.environ.setdefault(k, v)
     codes = [Path(c).resolve() for c in args.code] or [Path.cwd()]
     args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -135,7 +150,8 @@ def main() -> None:
                 os.chdir(code)  # ``python -m app.cli`` serves this checkout's code
                 scenario = coding(CODING_RATE / factor) if name == "coding" else SCENARIOS[name]()
                 load = os.getloadavg()
-                cell = run_one(scenario, "quanta", launcher, args.out / code.name / str(rnd))
+                with _layout_env(scenario):
+                    cell = run_one(scenario, "quanta", launcher, args.out / code.name / str(rnd))
                 cell.pop("records")
                 cell.update(code=str(code), round=rnd, name=name, speed_factor=factor)
                 cells.append(cell)
