@@ -283,6 +283,25 @@ def test_interactive_shares_hold_when_steps_are_priced_near_the_itl_target() -> 
         assert max(gaps) <= most + 1e-9, r.request_id
 
 
+def test_a_prompt_charged_in_a_lump_slows_its_tenants_streams_without_stalling_them() -> None:
+    cfg = SloConfig(step_base_s=0.06, step_seq_s=0.005)
+    h = Harness.make(FakeExecutor(n_seq_max=64), policy="quanta", max_running=12, slo=cfg)
+    weighted_streams(h, 4)
+    served_tokens(h, 60)
+    # a long prompt of the light tenant: its counter leaps by 256 tokens' worth
+    h.submit("onelong", prompt(256, base=500), 400, tenant="one", weight=1.0, sampling=RUN_OUT)
+    start = h.clock.now()
+    before = served_tokens(h, 60)
+    light = [r for r in h.sched.running if r.tenant == "one" and r.request_id != "onelong"]
+    for r in light:  # a token every other step before; at least every sixth while it repays
+        gaps = [b - a for a, b in itertools.pairwise(t for t in r.token_times if t >= start)]
+        assert gaps and max(gaps) <= 6 * 0.01 + 1e-9, r.request_id
+    counters = h.sched.policy.counters[INTER].counter  # type: ignore[attr-defined]
+    lead = counters["one"] - counters["two"]
+    served_tokens(h, 150)  # the lump is being repaid: the light tenant's lead shrinks
+    assert before["one"] > 0 and counters["one"] - counters["two"] < lead - 100
+
+
 def test_a_tenant_alone_in_its_class_never_sits_out() -> None:
     cfg = SloConfig(step_base_s=0.06, step_seq_s=0.005)
     h = Harness.make(FakeExecutor(n_seq_max=64), policy="quanta", max_running=12, slo=cfg)

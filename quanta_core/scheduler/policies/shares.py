@@ -14,6 +14,12 @@ lowest one's will be after the step::
 
     cost = output_cost / weight: a sampled token in the counters (``vtc``)
 
+A prompt is charged as it is computed, in a lump (a 64-token prompt of a weight-1 tenant is
+32 of its tokens' worth): a hard bar would stop all that tenant's streams until the others
+caught up, seconds on a CPU. So a tenant ahead keeps ``floor`` of its matching rate (the
+streams whose tokens move its counter as fast as the lowest one's moves) in every step: a
+lump is repaid by slower streams, not stalled ones; in steady state the bar binds first.
+
 The share comes before the inter-token target: a tenant ahead of its share gets fewer
 tokens, and the target decides only which of its streams wait. The streams that waited
 longest for a token run first, so the ones that sit out take turns and each stream's gap
@@ -41,10 +47,12 @@ _TURN_MEMORY = 8  # the tokens a stream's turn is told by: sit-out cycles up to 
 @dataclass(frozen=True, slots=True)
 class ShareRule:
     """``lag``: the weighted tokens a tenant may lead the lowest running one by;
-    ``output_cost``: a sampled token's cost in the counters (VTC's, before the weight)."""
+    ``output_cost``: a sampled token's cost in the counters (VTC's, before the weight);
+    ``floor``: the fraction of its matching rate a tenant ahead runs in every step."""
 
     lag: float = 32.0
     output_cost: float = 2.0
+    floor: float = 0.5
 
     @classmethod
     def from_config(cls, config: SloConfig) -> ShareRule:
@@ -71,15 +79,18 @@ def sit_out(
     if len(by_tenant) < 2 or math.isinf(rule.lag):
         return set()
     low = min(by_tenant, key=lambda t: (counter.get(t, 0.0), t))
-    bar = counter.get(low, 0.0) + rule.lag
-    bar += sum(_cost(r, rule) for r in by_tenant[low] if decoding(r))
+    step = sum(_cost(r, rule) for r in by_tenant[low] if decoding(r))  # low's counter moves
+    bar = counter.get(low, 0.0) + rule.lag + step
     held: set[Choice] = set()
     for tenant, mine in by_tenant.items():
         streams = [r for r in mine if decoding(r)]
         if tenant == low or not streams:
             continue
-        room = bar - counter.get(tenant, 0.0)
-        k = max(0, min(len(streams), math.floor(room / _cost(streams[0], rule))))
+        cost = _cost(streams[0], rule)
+        k = max(
+            math.floor((bar - counter.get(tenant, 0.0)) / cost), math.ceil(rule.floor * step / cost)
+        )
+        k = max(0, min(len(streams), k))
         streams.sort(key=_turn)
         held.update(streams[k:])
     return held
