@@ -98,8 +98,8 @@ class SloConfig:
     expected_output_tokens: int = 128
     # the ``quanta`` policy: the running set grows while a decode step is priced within
     # this fraction of ``interactive_itl_s`` (the client's gap adds the cycle and the trip);
-    # a batch tenant leading the lowest running batch tenant's counter by more than
-    # ``fair_lag`` weighted tokens sits out a step
+    # a tenant runs only as many streams in a step as keep its counter within ``fair_lag``
+    # weighted tokens of the lowest running tenant's of its class (``policies.shares``)
     grow_headroom: float = 0.9
     # ... and a burst that reaches a calm machine (no interactive request waiting for its
     # first token in the last ``burst_window_s``) is queued when its projected first token

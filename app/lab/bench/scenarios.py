@@ -134,7 +134,9 @@ def weights(scale: float = 1.0) -> Scenario:
         targets=TARGETS,
         window_s=10.0 * scale,
     )
-    return Scenario("weights", spec)
+    # Quanta on its defaults (the split is a claim about what a user gets); llama-server -c
+    # as the others'
+    return Scenario("weights", spec, n_ctx=None, llama_ctx=8192)
 
 
 ALL = {"twenty": twenty, "flood": flood, "kv-burst": kv_burst, "overload": overload}

@@ -38,9 +38,9 @@ the step-cost model, batch aging). docs/policies.md maps each rule to its tests.
     not pad it. Over capacity the inter-token target bounds every step.
  9. Memory (``memory.MemoryGate``): a request starts only if the running set and it, each
     growing to its predicted end, fit the KV pool at every future completion (MC-SF).
-10. Weighted shares per step (``shares.held_back``): a tenant leading the lowest running
-    tenant of its class by more than ``fair_lag`` sits out a step: batch always, an
-    interactive stream only where its next token still meets the inter-token target.
+10. Weighted shares per step (``shares.sit_out``): within a class, a tenant runs only as
+    many decoding streams as keep its counter within ``fair_lag`` of the lowest running
+    tenant's, the longest waiting first; the share holds when every stream runs at once.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ from quanta_core.scheduler.policies.isolation import batch_victims
 from quanta_core.scheduler.policies.load import OfferedLoad, Work, request_work
 from quanta_core.scheduler.policies.memory import MemoryGate
 from quanta_core.scheduler.policies.prefill_order import earliest_due, run_order, yields_to_queued
-from quanta_core.scheduler.policies.shares import held_back
+from quanta_core.scheduler.policies.shares import ShareRule, sit_out
 from quanta_core.scheduler.policies.slo_admission import AdmissionRules
 from quanta_core.scheduler.policies.slo_estimates import mean_context
 from quanta_core.scheduler.slo import SloConfig
@@ -106,6 +106,7 @@ class QuantaPolicy(ClassPolicy):
         self.gate = MemoryGate(self._projected)
         self.burst = CalmBurst(BurstRule.from_config(config))
         self.load = OfferedLoad(config.load_window_s, config.load_min_s)
+        self.shares = ShareRule.from_config(config)
         # (estimated, actual) seconds to the first token of the last finished requests
         self.estimates: deque[tuple[float, float]] = deque(maxlen=1000)
         # this cycle's (``limits``), besides ``ClassPolicy``'s
@@ -228,21 +229,12 @@ class QuantaPolicy(ClassPolicy):
         return [r for r in ordered if r not in held] if held else ordered
 
     def _held_back(self, running: Sequence[Choice]) -> set[Choice]:
-        """Running requests of tenants too far ahead of the lowest counter among their
-        class's tenants running now (``shares``): batch always, interactive streams only
-        where they still meet the inter-token target, and only between prefills: a step
-        that may carry a prefill chunk may last the whole target, and a stream that sat
-        out the one before it would miss it."""
+        """Decoding streams of tenants ahead of their weighted share in their class
+        (``shares``): they sit out this step, each in turn."""
         held: set[Choice] = set()
-        step_s = self.cost.decode_step_s(max(len(running), 1), mean_context(running))
-        decode_only = len(self.queue) == 0 and not any(prefilling(r) for r in running)
-        for cls, itl in ((_BATCH, None), (_INTERACTIVE, self._itl_target)):
-            if cls is _INTERACTIVE and not decode_only:
-                break
+        for cls in (_BATCH, _INTERACTIVE):
             mine = [r for r in running if r.slo_class is cls]
-            counter = self.counters[cls].counter
-            ranks = {r.tenant: counter.get(r.tenant, 0.0) for r in mine}
-            held |= held_back(mine, ranks, self.config.fair_lag, self._now, step_s, itl)
+            held |= sit_out(mine, self.counters[cls].counter, self.shares)
         return held
 
     # ---- 1, 3, 9: who starts, who makes room ----
