@@ -113,8 +113,12 @@ class SloConfig:
     burst_itl_s: float = 1.0  # while such a burst waits, steps may grow to this (smooth)
     # While an interactive request waits for its first token below capacity, a step carries
     # prefill up to this long, past the token budget (the ``quanta`` policy's first tokens
-    # first): the running streams' tokens ride along, a gap each no longer than this.
-    first_token_step_s: float = 1.0
+    # first): the running streams' tokens ride along, a gap each about this long on average.
+    # Two seconds: on the 2-core CPU a step then carries the engine's whole pass (512
+    # tokens), where one second's steps spent a pass of decodes on every ~280 prompt tokens
+    # and the last first token of a long burst came ~10 % after llama-server's (whose
+    # 2,048-token steps leave its streams 3-7 s gaps).
+    first_token_step_s: float = 2.0
     # The ``quanta`` policy's retry-after: when the projected first token, this fraction
     # later, is within the target. The projection errs both ways (the first-token
     # estimate's median absolute error is ~20 % in the scenario suite,
