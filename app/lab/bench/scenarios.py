@@ -65,7 +65,7 @@ def _uniform(lo: int, hi: int) -> LengthDist:
 def twenty(scale: float = 1.0) -> Scenario:
     people = TenantSpec("people", prompt=fixed(32), output=fixed(128), requests=_n(20, scale))
     spec = WorkloadSpec("twenty", (people,), requests=None, rate=math.inf, targets=TARGETS)
-    return Scenario("twenty", spec)
+    return Scenario("twenty", spec, n_ctx=None, llama_ctx=8192)  # Quanta's defaults
 
 
 def flood(scale: float = 1.0) -> Scenario:
@@ -81,7 +81,7 @@ def flood(scale: float = 1.0) -> Scenario:
         requests=_n(96, scale),
     )
     spec = WorkloadSpec("flood", (chat, etl), seed=3, requests=None, targets=TARGETS)
-    return Scenario("flood", spec)
+    return Scenario("flood", spec, n_ctx=None, llama_ctx=8192)  # Quanta's defaults
 
 
 def kv_burst(scale: float = 1.0) -> Scenario:
@@ -112,7 +112,7 @@ def overload(scale: float = 1.0, rate: float = OVERLOAD_RATE) -> Scenario:
         duration_s=30.0 * scale,
         targets=TARGETS,
     )
-    return Scenario("overload", spec, retries=1)
+    return Scenario("overload", spec, n_ctx=None, llama_ctx=8192, retries=1)
 
 
 def weights(scale: float = 1.0) -> Scenario:
