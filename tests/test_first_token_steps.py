@@ -5,7 +5,7 @@ that scatter, the inter-token target's bound) would."""
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import msgspec
 
@@ -24,6 +24,7 @@ PRICE = SloConfig(
     step_token_s=0.0035,
     step_attn_s=0.0,
     first_token_step_s=1.0,  # ~280 tokens a step: under the engine's 512-token pass
+    first_token_long_step_s=1.0,
 )
 
 
@@ -57,12 +58,39 @@ class NoisyFake(FakeExecutor):
         return msgspec.structs.replace(result, timings=StepTimings(engine_s=seconds))
 
 
-def test_first_token_steps_last_their_length_on_average_however_steps_scatter() -> None:
-    fake = NoisyFake(n_seq_max=16, n_ctx=16 * 1200, n_vocab=50_000, kv_unified=False)
-    h = Harness.make(fake, policy="quanta", token_budget=128, slo=PRICE)
-    for k in range(8):  # eight 1,000-token prompts at once, on a machine below capacity
-        tokens = tuple(range(1000 + 1000 * k, 2000 + 1000 * k))
+def burst(prompt_len: int, slo: SloConfig = PRICE, noisy: bool = True) -> Harness:
+    """Eight prompts at once on a machine below capacity."""
+    fake = (NoisyFake if noisy else FakeExecutor)(
+        n_seq_max=16, n_ctx=16 * 1200, n_vocab=50_000, kv_unified=False
+    )
+    h = Harness.make(fake, policy="quanta", token_budget=128, slo=slo)
+    for k in range(8):
+        tokens = tuple(range(1000 + 1000 * k, 1000 + 1000 * k + prompt_len))
         h.submit(f"p{k}", tokens, max_tokens=64, slo_class=INTER)
+    return h
+
+
+def prefill_steps(h: Harness) -> list[int]:
+    """Every step's prompt tokens until each prompt has its first token."""
+    sizes = []
+    for _ in range(1000):
+        if all(h.streamed(f"p{k}") for k in range(8)):
+            return sizes
+        plan = h.cycle()
+        if any(len(s.tokens) > 1 for s in plan.slices):
+            sizes.append(sum(len(s.tokens) for s in plan.slices if len(s.tokens) > 1))
+    raise AssertionError("the prompts never got their first tokens")
+
+
+def test_a_prompt_longer_than_a_step_takes_the_long_step_short_ones_do_not() -> None:
+    slo = replace(PRICE, first_token_long_step_s=2.0)
+    # 1 s holds ~270 prompt tokens, 2 s the engine's whole 512-token pass.
+    assert max(prefill_steps(burst(1000, slo, noisy=False))) == 512
+    assert max(prefill_steps(burst(60, slo, noisy=False))) < 300
+
+
+def test_first_token_steps_last_their_length_on_average_however_steps_scatter() -> None:
+    h = burst(1000)  # eight 1,000-token prompts
     cost = h.sched.policy.cost  # type: ignore[attr-defined]
     priced = []
     for _ in range(1000):

@@ -114,11 +114,13 @@ class SloConfig:
     # While an interactive request waits for its first token below capacity, a step carries
     # prefill up to this long, past the token budget (the ``quanta`` policy's first tokens
     # first): the running streams' tokens ride along, a gap each about this long on average.
-    # Two seconds: on the 2-core CPU a step then carries the engine's whole pass (512
-    # tokens), where one second's steps spent a pass of decodes on every ~280 prompt tokens
-    # and the last first token of a long burst came ~10 % after llama-server's (whose
-    # 2,048-token steps leave its streams 3-7 s gaps).
-    first_token_step_s: float = 2.0
+    first_token_step_s: float = 1.0
+    # ... and up to this long while a waiting prompt is longer than such a step holds: on the
+    # 2-core CPU a step then carries the engine's whole pass (512 tokens), where one
+    # second's steps spent a pass of decodes on every ~280 prompt tokens and the last first
+    # token of a long burst came ~10 % after llama-server's (whose 2,048-token steps leave
+    # its streams 3-7 s gaps). Short prompts keep the short steps: the streams stay smooth.
+    first_token_long_step_s: float = 2.0
     # The ``quanta`` policy's retry-after: when the projected first token, this fraction
     # later, is within the target. The projection errs both ways (the first-token
     # estimate's median absolute error is ~20 % in the scenario suite,
@@ -159,6 +161,8 @@ class SloConfig:
             raise ValueError(f"retry_margin must be >= 0: {self}")
         if self.burst_itl_s <= 0:
             raise ValueError(f"burst_itl_s must be > 0: {self}")
+        if not 0 < self.first_token_step_s <= self.first_token_long_step_s:
+            raise ValueError(f"need 0 < first_token_step_s <= first_token_long_step_s: {self}")
         if not 0 < self.grow_headroom <= 1 or self.fair_lag < 0:
             raise ValueError(f"grow_headroom in (0, 1] and fair_lag >= 0: {self}")
         if self.input_cost < 0 or self.output_cost < 0 or self.expected_output_tokens < 1:

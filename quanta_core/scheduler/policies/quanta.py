@@ -192,15 +192,28 @@ class QuantaPolicy(ClassPolicy):
         that carries a chunk beside decodes costs one pass more, and a decode-only step
         moves no prompt forward: the prompts waiting are best served by long steps that
         carry them, the decodes riding along (each stream still a token a step, a gap no
-        longer than ``first_token_step_s``), earliest due first (``prefill_order``)."""
+        longer than ``first_token_step_s``), earliest due first (``prefill_order``). Where a
+        waiting prompt is longer than such a step holds, it is cut into chunks anyway: then
+        a step lasts up to ``first_token_long_step_s``, so that each chunk fills the engine's
+        pass and the decodes' pass is paid once per pass, not once per ~280 tokens."""
         n_seqs = max(len(running), 1)
         need = sum(r.num_tokens - r.num_computed_tokens for r in inter if prefilling(r))
         need += sum(r.num_tokens for r in self.queue.classes[_INTERACTIVE])
         need += sum(1 for r in running if not prefilling(r))
         start = max((r.num_computed_tokens for r in inter if prefilling(r)), default=0)
-        most = self.cost.max_tokens(
-            n_seqs, self.config.first_token_step_s, base.most_tokens, context, start, at_mean=True
+        longest = max(
+            [r.num_tokens - r.num_computed_tokens for r in inter if prefilling(r)]
+            + [r.num_tokens for r in self.queue.classes[_INTERACTIVE]],
+            default=0,
         )
+        cfg = self.config
+        most = 0
+        for step_s in (cfg.first_token_step_s, cfg.first_token_long_step_s):
+            most = self.cost.max_tokens(
+                n_seqs, step_s, base.most_tokens, context, start, at_mean=True
+            )
+            if longest <= most:
+                break  # every waiting prompt fits a short step: keep the streams' gaps short
         return min(need, most)
 
     def room(self, n_seqs: int, n_tokens: int) -> int | None:
